@@ -1,0 +1,27 @@
+"""posenc: positional encodings for PyTorch transformers.
+
+Sinusoidal, learned, rotary (RoPE, with every context-extension method) and ALiBi encodings, a numpy
+reference for each (:mod:`posenc.reference`), one attention entry point, and a laboratory
+(:mod:`posenc.lab`) that trains small GPTs with each and measures how they extrapolate.
+"""
+
+from . import reference
+from ._checks import PositionError
+from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
+from .attention import attention
+from .bias import ALiBi, alibi_slopes
+from .rotary import RotaryEmbedding
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALiBi",
+    "LearnedEmbedding",
+    "NoPositionalEncoding",
+    "PositionError",
+    "RotaryEmbedding",
+    "SinusoidalEncoding",
+    "alibi_slopes",
+    "attention",
+    "reference",
+]

@@ -1,0 +1,85 @@
+"""Argument checks shared by the core modules.
+
+Every public entry point validates its arguments here first, so that a bad value fails at once with
+a message naming the argument, the value and what is allowed, instead of deep inside torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+LAYOUTS = ("interleaved", "half")
+
+
+class PositionError(IndexError):
+    """A position lies outside what an encoding can represent (a learned table past its end)."""
+
+
+def positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def even_int(name: str, value, minimum: int = 2) -> int:
+    positive_int(name, value, minimum)
+    if value % 2:
+        raise ValueError(f"{name} must be even (dimensions are rotated/encoded in pairs), got {value!r}")
+    return value
+
+
+def positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def non_negative_int(name: str, value) -> int:
+    return positive_int(name, value, minimum=0)
+
+
+def one_of(name: str, value, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+    return value
+
+
+def layout(value) -> str:
+    return one_of("layout", value, LAYOUTS)
+
+
+def tensor_rank(name: str, x, min_rank: int) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < min_rank:
+        raise ValueError(f"{name} must have at least {min_rank} dimensions, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
+    """Check a positions tensor: shape ``(seq,)`` or ``(batch, seq)``, integer or floating, finite, >= 0.
+
+    ``batch`` is the leading dimension of the tensor the positions apply to, or None if unknown.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"positions must be a torch.Tensor of shape (seq,) or (batch, seq), got {type(value).__name__}")
+    if value.dtype == torch.bool or value.is_complex():
+        raise ValueError(f"positions must have an integer or floating dtype, got {value.dtype}")
+    if value.dim() not in (1, 2) or value.shape[-1] != seq_len:
+        raise ValueError(
+            f"positions must have shape ({seq_len},) or (batch, {seq_len}) to match seq length {seq_len}, "
+            f"got {tuple(value.shape)}"
+        )
+    if value.dim() == 2 and batch is not None and value.shape[0] not in (1, batch):
+        raise ValueError(f"positions has batch size {value.shape[0]}, but the input's batch size is {batch}")
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError("positions must be finite, got NaN or inf")
+    if value.numel() and bool((value < 0).any()):
+        raise ValueError(f"positions must be >= 0, got minimum {value.min().item()}")
+    return value

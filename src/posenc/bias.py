@@ -1,0 +1,85 @@
+"""Additive attention-score biases. ALiBi first (Press, Smith & Lewis 2021, arxiv.org/abs/2108.12409)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import _checks
+from .reference import alibi_slopes as _reference_slopes
+
+__all__ = ["alibi_slopes", "ALiBi"]
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi head slopes, float32 of shape (n_heads,): 2^(-8h/H) for a power of two H, else the paper's rule.
+
+    See :func:`posenc.reference.alibi_slopes` for the rule for other head counts.
+    """
+    _checks.positive_int("n_heads", n_heads)
+    return torch.tensor(_reference_slopes(n_heads), dtype=torch.float32)
+
+
+class ALiBi(nn.Module):
+    """Attention with Linear Biases: score_ij += -m_h * |i - j|, a head-specific slope m_h.
+
+    Args:
+        n_heads: number of attention heads.
+        slopes: optional (n_heads,) positive slopes; default :func:`alibi_slopes`.
+        learnable: make the slopes a trainable parameter. They are stored as logarithms, so they stay positive.
+
+    ``bias(q_len, k_len, causal)`` returns the (n_heads, q_len, k_len) bias. Queries are the *last*
+    ``q_len`` of the ``k_len`` positions (as when decoding with a KV cache). With ``causal=True``
+    keys after the query get -inf (the bias doubles as the causal mask); with ``causal=False`` the
+    symmetric -m_h * |i - j| of an encoder. :func:`posenc.attention` uses the slopes directly and never
+    builds this tensor; ``bias`` is for inspection and small inputs.
+    """
+
+    def __init__(self, n_heads: int, slopes=None, learnable: bool = False):
+        super().__init__()
+        self.n_heads = _checks.positive_int("n_heads", n_heads)
+        if slopes is None:
+            init = alibi_slopes(n_heads)
+        else:
+            init = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
+            if init.shape != (n_heads,):
+                raise ValueError(f"slopes must have shape ({n_heads},) for n_heads={n_heads}, got {tuple(init.shape)}")
+            if not bool(torch.isfinite(init).all()) or bool((init <= 0).any()):
+                raise ValueError(f"slopes must be finite and > 0, got {init.tolist()}")
+        self.learnable = bool(learnable)
+        if self.learnable:
+            self.log_slopes = nn.Parameter(init.log())
+        else:
+            self.register_buffer("_slopes", init, persistent=False)
+
+    @property
+    def slopes(self) -> torch.Tensor:
+        """(n_heads,) positive slopes, float32."""
+        return self.log_slopes.exp() if self.learnable else self._slopes
+
+    def distance(self, q_len: int, k_len: int | None = None, device=None) -> torch.Tensor:
+        """Signed query-minus-key distance i - j, float32 (q_len, k_len); queries are the last q_len positions."""
+        _checks.positive_int("q_len", q_len)
+        k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
+        if k_len < q_len:
+            raise ValueError(f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}")
+        device = self.slopes.device if device is None else device
+        qi = torch.arange(k_len - q_len, k_len, device=device, dtype=torch.float32)
+        kj = torch.arange(k_len, device=device, dtype=torch.float32)
+        return qi[:, None] - kj[None, :]
+
+    def bias(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+        """The materialised bias, float32 (n_heads, q_len, k_len)."""
+        d = self.distance(q_len, k_len)
+        out = -self.slopes[:, None, None] * d.abs()[None]
+        if causal:
+            out = out.masked_fill((d < 0)[None], -math.inf)
+        return out
+
+    def forward(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+        return self.bias(q_len, k_len, causal)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, learnable={self.learnable}"

@@ -1,0 +1,1 @@
+"""The train-short-test-long laboratory. Uses the core; the core never imports it."""

@@ -1,0 +1,258 @@
+"""Byte-level corpora for the laboratory: find the files, split by file, cache tokens as memory maps.
+
+The default corpus is the Python standard library of the running interpreter, so the laboratory
+needs no download: every machine with Python has ~10 MB of varied, real text. Tokens are raw bytes
+(vocabulary 256), so there is no tokenizer to train or ship.
+
+Split: a file goes to validation when a hash of its path relative to the corpus root falls in the
+lowest ``val_percent`` of 100 buckets. The split is therefore the same on every machine and every run,
+and no file contributes to both sides (windows of one file look alike; a token-level split would
+leak). A single-file corpus cannot be split by file; its last ``val_percent`` of bytes is validation.
+
+Cache: the concatenated tokens are written once as ``train.npy`` / ``val.npy`` (uint8) under a
+directory keyed by the corpus path, the file list, sizes and mtimes, and opened with
+``np.load(mmap_mode="r")`` afterwards, so repeated runs start instantly and several processes
+(DDP ranks) share the pages.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posenc.lab.errors import CorpusError
+
+VOCAB_SIZE = 256
+# Bumped when the token format or the split rule changes, so stale caches are not reused.
+_CACHE_VERSION = 1
+# A file separator token between files: a NUL byte never occurs in text, so the model learns
+# "a new file starts here" from it rather than from a run-on of two unrelated files.
+_FILE_SEPARATOR = b"\x00"
+_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test", ".git"}
+
+
+def default_corpus() -> Path:
+    """The standard library directory of the running interpreter."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/posenc/tokens`` or ``~/.cache/posenc/tokens``."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "posenc" / "tokens"
+
+
+def _is_test_path(rel: Path) -> bool:
+    if any(part in _SKIP_DIRS or part.startswith(".") for part in rel.parts[:-1]):
+        return True
+    name = rel.name
+    return name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+
+
+def _looks_binary(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return b"\x00" in f.read(8192)
+
+
+def list_files(root: Path, pattern: str | None = None) -> list[Path]:
+    """Files of a corpus folder, sorted by relative path (so token order is the same everywhere).
+
+    Test folders and test files, hidden folders, ``site-packages`` and binary files (a NUL byte in
+    the first 8 KiB) are left out. ``pattern`` is an fnmatch pattern on the file name (``"*.py"``).
+    """
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in filenames:
+            path = Path(dirpath) / name
+            if pattern is not None and not fnmatch.fnmatch(name, pattern):
+                continue
+            if _is_test_path(path.relative_to(root)) or not path.is_file() or path.is_symlink():
+                continue
+            if pattern is None and _looks_binary(path):
+                continue
+            files.append(path)
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def is_validation_file(relative_path: str, val_percent: float) -> bool:
+    """Whether a file (path relative to the corpus root, POSIX separators) belongs to validation."""
+    digest = hashlib.sha256(relative_path.encode("utf-8")).digest()
+    bucket = int.from_bytes(digest[:8], "big") % 10_000
+    return bucket < val_percent * 100
+
+
+@dataclass
+class Corpus:
+    """Tokens of one corpus. ``train`` and ``val`` are 1-D uint8 arrays (memory maps when cached)."""
+
+    path: str
+    train: np.ndarray
+    val: np.ndarray
+
+    def split(self, name: str) -> np.ndarray:
+        if name not in ("train", "val"):
+            raise CorpusError(f"split={name!r} is not a split; allowed: 'train', 'val'")
+        return self.train if name == "train" else self.val
+
+
+def _corpus_key(root: Path, files: list[Path], val_percent: float, pattern: str | None) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([_CACHE_VERSION, str(root.resolve()), val_percent, pattern]).encode())
+    for f in files:
+        st = f.stat()
+        rel = f.name if f == root else f.relative_to(root).as_posix()
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:24]
+
+
+def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _tokenize(root: Path, files: list[Path], val_percent: float) -> tuple[np.ndarray, np.ndarray]:
+    if root.is_file():
+        data = np.frombuffer(root.read_bytes(), dtype=np.uint8)
+        n_val = int(round(len(data) * val_percent / 100))
+        return data[: len(data) - n_val].copy(), data[len(data) - n_val :].copy()
+    parts: dict[str, list[bytes]] = {"train": [], "val": []}
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        side = "val" if is_validation_file(rel, val_percent) else "train"
+        parts[side].append(f.read_bytes() + _FILE_SEPARATOR)
+    train = np.frombuffer(b"".join(parts["train"]), dtype=np.uint8)
+    val = np.frombuffer(b"".join(parts["val"]), dtype=np.uint8)
+    return train, val
+
+
+def load_corpus(
+    path: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    val_percent: float = 5.0,
+    pattern: str | None = None,
+    min_train_tokens: int = 1,
+    min_val_tokens: int = 1,
+) -> Corpus:
+    """Tokens of a corpus, from the cache when the corpus has not changed.
+
+    Args:
+        path: a text file or a folder; ``None`` is the standard library (``*.py`` files).
+        cache_dir: where token caches live (default :func:`default_cache_dir`).
+        val_percent: share of files (percent, 0 < p < 100) that go to validation.
+        pattern: fnmatch pattern for file names in a folder; ``None`` takes every text file.
+        min_train_tokens, min_val_tokens: the least each split must hold for the caller's lengths.
+
+    Raises:
+        CorpusError: the path does not exist, holds no text, or is smaller than the minimum.
+    """
+    if not 0 < val_percent < 100:
+        raise CorpusError(f"val_percent={val_percent!r} is out of range; allowed: 0 < val_percent < 100")
+    if path is None:
+        root, pattern = default_corpus(), pattern or "*.py"
+    else:
+        root = Path(path).expanduser()
+    if not root.exists():
+        raise CorpusError(f"corpus {str(root)!r} does not exist; give a text file or a folder of text files")
+    files = [root] if root.is_file() else list_files(root, pattern)
+    if not files:
+        what = f"files matching {pattern!r}" if pattern else "text files"
+        raise CorpusError(f"corpus {str(root)!r} holds no {what} (test folders and binary files are skipped)")
+
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = cache_root / _corpus_key(root, files, val_percent, pattern)
+    train_path, val_path = entry / "train.npy", entry / "val.npy"
+    if not (train_path.exists() and val_path.exists()):
+        train, val = _tokenize(root, files, val_percent)
+        if len(val) == 0 and len(files) > 1:
+            # Too few files for the hash to pick any: the file whose hash is lowest goes to validation,
+            # which keeps the split by file and deterministic.
+            train, val = _tokenize_forced(root, files)
+        entry.mkdir(parents=True, exist_ok=True)
+        _save_npy_atomic(train_path, train)
+        _save_npy_atomic(val_path, val)
+        (entry / "source.json").write_text(json.dumps({"corpus": str(root), "files": len(files)}))
+    train = np.load(train_path, mmap_mode="r")
+    val = np.load(val_path, mmap_mode="r")
+    corpus = Corpus(path=str(root), train=train, val=val)
+    for name, have, need in (("train", len(train), min_train_tokens), ("validation", len(val), min_val_tokens)):
+        if have < need:
+            raise CorpusError(
+                f"corpus {str(root)!r} is too small: its {name} split has {have} tokens (bytes) but "
+                f"{need} are needed for the requested lengths and batch; give a larger corpus or "
+                f"shorter --train-len / --eval-lens"
+            )
+    return corpus
+
+
+def _tokenize_forced(root: Path, files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    rels = [f.relative_to(root).as_posix() for f in files]
+    val_rel = min(rels, key=lambda r: hashlib.sha256(r.encode()).digest())
+    train = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels) if r != val_rel)
+    val = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels) if r == val_rel)
+    return np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8)
+
+
+def batch_at(
+    tokens: np.ndarray,
+    step: int,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    rank: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted by one.
+
+    Window starts are drawn from a generator seeded by ``(seed, step, rank)`` alone, so a run resumed
+    at step s sees exactly the batches an uninterrupted run would, with no sampler state to save,
+    and each DDP rank sees different windows.
+    """
+    n_starts = len(tokens) - seq_len - 1
+    if n_starts < 1:
+        raise CorpusError(f"seq_len={seq_len} needs more than {seq_len + 1} tokens; the split has {len(tokens)}")
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
+    starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
+    idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+    window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    return window[:, :-1], window[:, 1:]
+
+
+def windows(tokens: np.ndarray, length: int, max_tokens: int) -> torch.Tensor:
+    """Non-overlapping evaluation windows: ``(n, length + 1)`` int64 covering the first ~``max_tokens`` tokens.
+
+    Every length covers the same stretch of text (the first ``max_tokens`` predicted tokens), so
+    perplexities at different lengths are measured on the same tokens.
+    """
+    n = max(1, max_tokens // length)
+    n = min(n, (len(tokens) - 1) // length)
+    if n < 1:
+        raise CorpusError(f"evaluation length {length} needs {length + 1} tokens; the split has {len(tokens)}")
+    idx = np.arange(n)[:, None] * length + np.arange(length + 1)[None, :]
+    return torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+
+
+def decode(tokens) -> str:
+    """Bytes to text, replacing invalid UTF-8 (a byte model can emit half a character)."""
+    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))

@@ -1,0 +1,163 @@
+"""The chapter's formulas in numpy, written to be read. The oracle every other implementation is tested against.
+
+Everything here is float64 and unoptimised on purpose: it should be possible to check each line
+against the chapter (``shared/spec/positional-encoding-chapter.txt``) by eye.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "inverse_frequencies",
+    "sinusoidal",
+    "sinusoidal_shift_matrix",
+    "rope",
+    "alibi_slopes",
+    "alibi_bias",
+    "softmax",
+    "attention",
+]
+
+
+def inverse_frequencies(dim: int, base: float = 10000.0) -> np.ndarray:
+    """omega_k = 1 / base^(2k/dim) for k = 0 .. dim/2 - 1 (Vaswani et al. 2017, Su et al. 2021). Shape (dim/2,)."""
+    k = np.arange(0, dim, 2, dtype=np.float64)
+    return 1.0 / (base ** (k / dim))
+
+
+def sinusoidal(max_len: int, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """Sinusoidal encoding (Vaswani et al. 2017, section 3.5). Shape (max_len, d_model).
+
+    PE[p, 2k] = sin(p * omega_k), PE[p, 2k+1] = cos(p * omega_k).
+    """
+    angles = np.arange(max_len, dtype=np.float64)[:, None] * inverse_frequencies(d_model, base)[None, :]
+    pe = np.zeros((max_len, d_model))
+    pe[:, 0::2] = np.sin(angles)
+    pe[:, 1::2] = np.cos(angles)
+    return pe
+
+
+def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -> np.ndarray:
+    """The (d_model, d_model) block-diagonal matrix M(delta) with PE[p + delta] = M(delta) @ PE[p] for every p.
+
+    Each (sin, cos) pair is rotated by omega_k * delta (the footnote of Vaswani et al. 2017, section 3.5).
+    """
+    m = np.zeros((d_model, d_model))
+    for k, w in enumerate(inverse_frequencies(d_model, base)):
+        c, s = math.cos(w * delta), math.sin(w * delta)
+        m[2 * k : 2 * k + 2, 2 * k : 2 * k + 2] = [[c, s], [-s, c]]
+    return m
+
+
+def _pair_indices(d: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the first and second member of each rotated pair."""
+    if layout == "interleaved":  # pairs (0, 1), (2, 3), ...: the chapter, Meta's Llama, GPT-J
+        return np.arange(0, d, 2), np.arange(1, d, 2)
+    if layout == "half":  # pairs (i, i + d/2): GPT-NeoX, Hugging Face Llama
+        return np.arange(d // 2), np.arange(d // 2, d)
+    raise ValueError(f"layout must be 'interleaved' or 'half', got {layout!r}")
+
+
+def rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    rotary_dim: int | None = None,
+    inv_freq: np.ndarray | None = None,
+    attention_factor: float = 1.0,
+) -> np.ndarray:
+    """Rotary positional embedding (Su et al. 2021, eq. 34). x: (..., seq, d); positions: (seq,) or (batch, seq).
+
+    Pair k of the first ``rotary_dim`` dimensions is rotated by theta = p * omega_k:
+    (a, b) -> (a cos theta - b sin theta, a sin theta + b cos theta). Dimensions past rotary_dim are
+    unchanged. ``inv_freq`` overrides the default schedule (context-extension methods), and
+    ``attention_factor`` scales cos and sin as Hugging Face transformers does for YaRN and LongRoPE.
+    Batched positions (batch, seq) apply to the leading dimension of x.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    r = d if rotary_dim is None else rotary_dim
+    w = inverse_frequencies(r, base) if inv_freq is None else np.asarray(inv_freq, dtype=np.float64)
+    pos = np.asarray(positions, dtype=np.float64)
+    theta = pos[..., None] * w  # (seq, r/2) or (batch, seq, r/2)
+    if theta.ndim == 3:  # line the batch axis up with x's leading axis
+        theta = theta.reshape(theta.shape[:1] + (1,) * (x.ndim - 3) + theta.shape[1:])
+    cos, sin = np.cos(theta) * attention_factor, np.sin(theta) * attention_factor
+    first, second = _pair_indices(r, layout)
+    a, b = x[..., first], x[..., second]
+    out = x.copy()
+    out[..., first] = a * cos - b * sin
+    out[..., second] = a * sin + b * cos
+    return out
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """ALiBi head slopes (Press et al. 2021). Shape (n_heads,).
+
+    For a power of two H: m_h = 2^(-8h/H), h = 1..H (the chapter). Otherwise, as the paper's code does:
+    the schedule for the largest power of two P below H, then every other slope of the schedule for 2P,
+    until there are H.
+    """
+    if n_heads < 1:
+        raise ValueError(f"n_heads must be >= 1, got {n_heads}")
+
+    def power_of_two(h: int) -> list[float]:
+        return [2.0 ** (-8.0 * i / h) for i in range(1, h + 1)]
+
+    p = 2 ** math.floor(math.log2(n_heads))
+    if p == n_heads:
+        return np.array(power_of_two(n_heads))
+    return np.array(power_of_two(p) + power_of_two(2 * p)[0::2][: n_heads - p])
+
+
+def alibi_bias(seq_len: int, n_heads: int, causal: bool = False, slopes: np.ndarray | None = None) -> np.ndarray:
+    """The chapter's ALiBi bias -m_h * |i - j|. Shape (n_heads, seq_len, seq_len).
+
+    With causal=True the future (j > i) is -inf, so the result doubles as the causal mask.
+    """
+    m = alibi_slopes(n_heads) if slopes is None else np.asarray(slopes, dtype=np.float64)
+    i = np.arange(seq_len)
+    distance = np.abs(i[:, None] - i[None, :]).astype(np.float64)
+    bias = -m[:, None, None] * distance[None]
+    if causal:
+        bias = np.where(i[None, :] > i[:, None], -np.inf, bias)
+    return bias
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable softmax; a row that is all -inf gives zeros, not NaN."""
+    peak = np.max(x, axis=axis, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0.0)
+    e = np.exp(x - peak)
+    total = e.sum(axis=axis, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    bias: np.ndarray | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Scaled dot-product attention (Vaswani et al. 2017, eq. 1) with an optional additive score bias.
+
+    q: (..., Lq, d), k: (..., Lk, d), v: (..., Lk, dv); bias broadcastable to (..., Lq, Lk).
+    With causal=True a query may not see keys after it; when Lq < Lk the queries are the last Lq
+    positions (decoding with a cache).
+    """
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ np.swapaxes(k, -1, -2) * scale
+    if bias is not None:
+        scores = scores + bias
+    if causal:
+        lq, lk = q.shape[-2], k.shape[-2]
+        qi = np.arange(lk - lq, lk)[:, None]
+        scores = np.where(np.arange(lk)[None, :] > qi, -np.inf, scores)
+    return softmax(scores) @ v
