@@ -11,6 +11,8 @@ from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import ALiBi, alibi_slopes
 from .rotary import RotaryEmbedding
+from .frequencies import rope_frequencies
+from .layout import convert_layout, rerotate_keys
 
 __version__ = "0.1.0"
 
@@ -24,4 +26,7 @@ __all__ = [
     "alibi_slopes",
     "attention",
     "reference",
+    "rope_frequencies",
+    "convert_layout",
+    "rerotate_keys",
 ]
