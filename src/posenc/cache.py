@@ -1,0 +1,98 @@
+"""A key/value cache that keeps RoPE consistent when the frequency schedule changes with sequence length.
+
+Length-dependent methods (dynamic NTK, dynamic YaRN, LongRoPE) choose their frequencies from the current
+sequence length L. A full forward pass over L tokens rotates every query and key with the schedule for
+L. Hugging Face transformers, decoding token by token, rotates each new key with the schedule of the
+moment and caches it rotated: the key at position j keeps the schedule for length j + 1 while the query
+at L uses the schedule for L, so q.k no longer depends on L - j alone and decoding differs from the full
+forward pass at the same length.
+
+:class:`RotaryKVCache` offers three modes:
+
+- ``"unrotated"``: cache keys before rotation and rotate the whole cache with the current schedule at
+  every step. Exact: the attention of the new token equals that of a full forward pass at the same length.
+  Costs one rotation of the cached keys per step (elementwise, small next to attention itself).
+- ``"rerotate"``: cache rotated keys; when the schedule changes, turn the cached keys from the old schedule
+  to the new one (angle p (omega_new - omega_old), attention factor ratio). Equal to "unrotated" up to
+  float rounding; costs nothing while the schedule stays the same (static methods, or up to the original
+  context), one rotation of the cache when it changes.
+- ``"hf"``: transformers' behaviour, for comparison.
+
+For a single attention layer "unrotated" and "rerotate" make token-by-token decoding equal a full forward
+pass. In a deep model the hidden states of earlier tokens, and so the keys and values of later layers,
+were still computed when the sequence was shorter; no cache can change that without recomputing them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from .kernels import apply_rotary
+
+__all__ = ["RotaryKVCache"]
+
+MODES = ("unrotated", "rerotate", "hf")
+
+
+class RotaryKVCache:
+    """Keys and values of one attention layer, with RoPE applied consistently (see the module docstring).
+
+    Args:
+        rotary: the layer's :class:`posenc.RotaryEmbedding`.
+        mode: "unrotated" (default), "rerotate" or "hf".
+
+    Shape:
+        update(q, k, v) takes the new tokens, each (batch, heads, new, head_dim) (k, v may have fewer heads),
+        positions continuing after the cached ones, and returns (q rotated, all keys rotated, all values),
+        keys and values (batch, kv_heads, length, head_dim).
+    """
+
+    def __init__(self, rotary, mode: str = "unrotated"):
+        self.rotary = rotary
+        self.mode = _checks.one_of("mode", mode, MODES)
+        self.keys: torch.Tensor | None = None  # rotated (rerotate, hf) or not (unrotated)
+        self.values: torch.Tensor | None = None
+        self._schedule: tuple[torch.Tensor, float] | None = None  # (inv_freq64, attention factor) of cached keys
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def reset(self) -> None:
+        self.keys = self.values = self._schedule = None
+
+    def update(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _checks.tensor_rank(name, t, 3)
+        if not q.shape[-2] == k.shape[-2] == v.shape[-2]:
+            raise ValueError(f"q, k and v must hold the same new tokens, got lengths {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}")
+        start = self.length
+        total = start + k.shape[-2]
+        rot = self.rotary
+        schedule = rot.frequencies(total)  # the schedule a full forward pass over `total` tokens uses
+        q_rot = rot.rotate(q, offset=start, context_len=total)
+        self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
+        if self.mode == "unrotated":
+            self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
+            return q_rot, rot.rotate(self.keys, context_len=total), self.values
+        if self.mode == "rerotate" and self.keys is not None and not _same(schedule, self._schedule):
+            self.keys = self._turn(self.keys, self._schedule, schedule)
+        k_rot = rot.rotate(k, offset=start, context_len=total)
+        self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
+        self._schedule = schedule
+        return q_rot, self.keys, self.values
+
+    def _turn(self, keys: torch.Tensor, old, new) -> torch.Tensor:
+        """Keys rotated with schedule ``old`` at positions 0..n-1 -> the same keys under ``new``."""
+        (inv_old, a_old), (inv_new, a_new) = old, new
+        p = torch.arange(keys.shape[-2], dtype=torch.float64, device=keys.device)
+        theta = p[:, None] * (inv_new - inv_old).to(keys.device)  # float64: the difference is small, keep it exact
+        ratio = float(a_new) / float(a_old)
+        work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+        cos, sin = (torch.cos(theta) * ratio).to(work), (torch.sin(theta) * ratio).to(work)
+        return apply_rotary(keys, cos, sin, layout=self.rotary.layout)
+
+
+def _same(a, b) -> bool:
+    return b is not None and float(a[1]) == float(b[1]) and torch.equal(a[0], b[0])
