@@ -1,0 +1,130 @@
+"""RotaryEmbedding against posenc.reference.rope."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from posenc import RotaryEmbedding
+from posenc import reference as R
+
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
+
+
+@st.composite
+def rope_cases(draw):
+    head_dim = draw(st.sampled_from([2, 4, 8, 16, 64]))
+    rotary_dim = draw(st.sampled_from([d for d in (2, 4, 8, 16, 64) if d <= head_dim]))
+    batch, heads, seq = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 9))
+    kind = draw(st.sampled_from(["default", "offset", "integer", "fractional", "batched"]))
+    return head_dim, rotary_dim, batch, heads, seq, kind
+
+
+def positions_for(kind, batch, seq, rng):
+    if kind == "default":
+        return None, 0, np.arange(seq)
+    if kind == "offset":
+        return None, 37, 37 + np.arange(seq)
+    if kind == "integer":
+        p = rng.integers(0, 5000, size=seq)
+        return torch.from_numpy(p), 0, p
+    if kind == "fractional":
+        p = rng.uniform(0, 3000, size=seq)
+        return torch.from_numpy(p), 0, p
+    p = rng.integers(0, 2000, size=(batch, seq))
+    return torch.from_numpy(p), 0, p
+
+
+@given(rope_cases(), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), st.sampled_from(["interleaved", "half"]))
+def test_rotate_matches_reference(case, dtype, layout):
+    head_dim, rotary_dim, batch, heads, seq, kind = case
+    rng = np.random.default_rng(head_dim * 1000 + seq)
+    x = torch.from_numpy(rng.normal(size=(batch, heads, seq, head_dim))).to(dtype)
+    positions, offset, ref_positions = positions_for(kind, batch, seq, rng)
+    rope = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=layout)
+    out = rope.rotate(x, positions=positions, offset=offset)
+    assert out.dtype == dtype and out.shape == x.shape
+    ref = R.rope(x.double().numpy(), ref_positions, layout=layout, rotary_dim=rotary_dim)
+    scale = max(1.0, np.abs(ref).max())
+    np.testing.assert_allclose(out.double().numpy(), ref, atol=TOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_forward_rotates_q_and_k_alike(layout):
+    rope = RotaryEmbedding(16, layout=layout)
+    q, k = torch.randn(2, 4, 10, 16), torch.randn(2, 4, 10, 16)
+    q2, k2 = rope(q, k, offset=3)
+    torch.testing.assert_close(q2, rope.rotate(q, offset=3))
+    torch.testing.assert_close(k2, rope.rotate(k, offset=3))
+
+
+def test_decoding_key_longer_than_query():
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    q2, k2 = rope(q, k, offset=4)  # q at position 4; k at 4..8 is what the call means for each tensor's own length
+    np.testing.assert_allclose(q2.numpy(), R.rope(q.double().numpy(), np.array([4])), atol=1e-6)
+    np.testing.assert_allclose(k2.numpy(), R.rope(k.double().numpy(), 4 + np.arange(5)), atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("start", [2_000_000, 5_000_000, 9_999_990])
+def test_float32_accurate_at_millions_of_positions(layout, start):
+    rope = RotaryEmbedding(128, layout=layout, base=10000.0)
+    x = torch.randn(1, 2, 10, 128)
+    positions = torch.arange(start, start + 10)
+    out = rope.rotate(x, positions=positions)
+    ref = R.rope(x.double().numpy(), positions.numpy(), layout=layout)
+    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+    out_offset = rope.rotate(x[..., :1, :], offset=start)  # the cache path, grown to ~start
+    ref_offset = R.rope(x[..., :1, :].double().numpy(), np.array([start]), layout=layout)
+    assert np.abs(out_offset.double().numpy() - ref_offset).max() < 1e-5
+
+
+def test_angles_not_formed_in_bfloat16_under_autocast():
+    rope = RotaryEmbedding(64)
+    x = torch.randn(1, 1, 4, 64)
+    positions = torch.arange(3_000_000, 3_000_004)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = rope.rotate(x, positions=positions)
+    ref = R.rope(x.double().numpy(), positions.numpy())
+    assert np.abs(out.double().numpy() - ref).max() < 1e-5
+
+
+def test_half_cast_of_module_keeps_tables_accurate():
+    rope = RotaryEmbedding(32).to(torch.bfloat16).to(torch.float32)
+    x = torch.randn(1, 1, 3, 32)
+    positions = torch.arange(1_000_000, 1_000_003)
+    ref = R.rope(x.double().numpy(), positions.numpy())
+    assert np.abs(rope.rotate(x, positions=positions).double().numpy() - ref).max() < 1e-5
+
+
+def test_cache_grows_and_is_not_saved():
+    rope = RotaryEmbedding(16)
+    rope.rotate(torch.randn(1, 1, 4, 16))
+    small = rope.cos_cached.shape[0]
+    rope.rotate(torch.randn(1, 1, 4, 16), offset=small + 100)
+    assert rope.cos_cached.shape[0] >= small + 104
+    assert rope.state_dict() == {}
+    assert sum(p.numel() for p in rope.parameters()) == 0
+
+
+def test_gradients_flow_and_match_reference_jacobian():
+    rope = RotaryEmbedding(8, layout="half", rotary_dim=4)
+    q = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
+    q2, k2 = rope(q, k)
+    (q2 * k2).sum().backward()
+    # q and k share positions, so <R q, R k> = <q, k> and its gradient w.r.t. q is k itself
+    torch.testing.assert_close(q.grad, k.detach())
+    torch.testing.assert_close(k.grad, q.detach())
+    assert torch.autograd.gradcheck(lambda a: rope.rotate(a), (q,))
+
+
+def test_interleaved_and_half_agree_after_permutation():
+    d = 16
+    perm = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])  # interleaved dim order -> half order
+    x = torch.randn(2, 3, 7, d, dtype=torch.float64)
+    inter = RotaryEmbedding(d, layout="interleaved").rotate(x)
+    half = RotaryEmbedding(d, layout="half").rotate(x[..., perm])
+    torch.testing.assert_close(half, inter[..., perm])
