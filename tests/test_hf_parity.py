@@ -1,0 +1,161 @@
+"""posenc.hf against transformers: tiny random models give the same logits with posenc computing their RoPE."""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from posenc import RotaryEmbedding
+from posenc.hf import patch_model, rotary_from_config, unpatch_model
+
+LOGITS_TOL = 1e-5
+COMMON = dict(vocab_size=128, pad_token_id=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+LONG = np.linspace(1.0, 4.0, 8).tolist()  # Phi-3: head_dim 16 -> 8 pairs
+SHORT = np.linspace(1.0, 1.2, 8).tolist()
+
+MODELS = {
+    # name: (config class, model class, config kwargs, sequence length)
+    "llama-llama3": (
+        "LlamaConfig", "LlamaForCausalLM",
+        dict(COMMON, num_key_value_heads=2, max_position_embeddings=256, rope_theta=5e5,
+             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+        48,
+    ),
+    "llama-yarn": (
+        "LlamaConfig", "LlamaForCausalLM",
+        dict(COMMON, num_key_value_heads=2, max_position_embeddings=128,
+             rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e4}),
+        48,
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(COMMON, num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6), 40),
+    "qwen2-dynamic": (
+        "Qwen2Config", "Qwen2ForCausalLM",
+        dict(COMMON, num_key_value_heads=2, max_position_embeddings=24, rope_scaling={"type": "dynamic", "factor": 4.0}),
+        40,
+    ),
+    "gpt_neox-partial": (
+        "GPTNeoXConfig", "GPTNeoXForCausalLM", dict(COMMON, hidden_size=128, rotary_pct=0.25, max_position_embeddings=64), 40
+    ),
+    "phi3-longrope-short": (
+        "Phi3Config", "Phi3ForCausalLM",
+        dict(COMMON, max_position_embeddings=128, original_max_position_embeddings=32,
+             rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG}),
+        24,
+    ),
+    "phi3-longrope-long": (
+        "Phi3Config", "Phi3ForCausalLM",
+        dict(COMMON, max_position_embeddings=128, original_max_position_embeddings=32,
+             rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG}),
+        48,
+    ),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64), 40),
+}
+
+
+def build(name):
+    cfg_cls, model_cls, kwargs, seq = MODELS[name]
+    config = getattr(transformers, cfg_cls)(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    ids = torch.randint(0, 128, (2, seq), generator=torch.Generator().manual_seed(1))
+    return model, ids
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_match_transformers(name):
+    model, ids = build(name)
+    with torch.no_grad():
+        want = model(ids).logits
+        patch_model(model)
+        assert any(hasattr(m, "posenc_rotary") for m in model.modules())
+        got = model(ids).logits
+        err = float((got - want).abs().max())
+        print(f"{name}: max |logits diff| {err:.1e}")
+        assert err <= LOGITS_TOL
+        # a wrong rotary must show: the comparison can fail
+        unpatch_model(model)
+        settings = rotary_from_config(model.config)
+        wrong = RotaryEmbedding(settings.head_dim, base=100.0, rotary_dim=settings.rotary_dim, layout=settings.layout)
+        patch_model(model, rotary=wrong)
+        assert float((model(ids).logits - want).abs().max()) > 10 * LOGITS_TOL
+        unpatch_model(model)
+        assert torch.equal(model(ids).logits, want)
+
+
+@pytest.mark.parametrize("name", ["qwen2-dynamic", "phi3-longrope-long"])
+def test_cached_decoding_matches_transformers(name):
+    # transformers re-derives dynamic / longrope frequencies at every step from 1 + the largest position
+    model, ids = build(name)
+    ids = ids[:1]
+    split = 16  # prefill inside the original context, decode past it
+    with torch.no_grad():
+        want = model(ids[:, :split], use_cache=True)
+        want_steps = [want.logits[:, -1]]
+        cache = want.past_key_values
+        for t in range(split, ids.shape[1]):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            want_steps.append(out.logits[:, -1])
+        model, _ = build(name)
+        patch_model(model)
+        out = model(ids[:, :split], use_cache=True)
+        got_steps, cache = [out.logits[:, -1]], out.past_key_values
+        for t in range(split, ids.shape[1]):
+            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            got_steps.append(out.logits[:, -1])
+    err = max(float((g - w).abs().max()) for g, w in zip(got_steps, want_steps))
+    assert err <= LOGITS_TOL
+
+
+def hf_rotary(model):
+    return next(m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding"))
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if not n.startswith("gptj")])
+def test_rotary_from_config_matches_the_model(name):
+    model, _ = build(name)
+    rot = rotary_from_config(model.config)
+    hf = hf_rotary(model)
+    assert rot.layout == "half"
+    np.testing.assert_allclose(rot.inv_freq.numpy(), hf.original_inv_freq.numpy(), rtol=2.5e-6)
+    assert rot.attention_factor == pytest.approx(hf.attention_scaling, rel=1e-12)
+    # the config.json form gives the same module
+    from_dict = rotary_from_config(model.config.to_dict())
+    assert torch.equal(from_dict.inv_freq, rot.inv_freq) and from_dict.rotary_dim == rot.rotary_dim
+
+
+def test_gptj_layout_and_rotary_dim():
+    model, _ = build("gptj")
+    rot = rotary_from_config(model.config)
+    assert (rot.layout, rot.rotary_dim, rot.head_dim) == ("interleaved", 8, 16)
+    sincos = hf_rotary(model).embed_positions[:40]
+    sin, cos = rot.cos_sin(40)[1], rot.cos_sin(40)[0]
+    assert torch.allclose(torch.cat((sin, cos), -1), sincos, atol=1e-5)
+
+
+def test_llama31_config_json():
+    # Llama 3.1 8B's published rope settings, typed here: no download
+    raw = {
+        "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    }
+    rot = rotary_from_config(raw)
+    config = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    inv, attn = ROPE_INIT_FUNCTIONS["llama3"](config)
+    np.testing.assert_allclose(rot.inv_freq.numpy(), inv.numpy(), rtol=2.5e-6)
+    assert (rot.head_dim, rot.layout, attn) == (128, "half", 1.0)
+
+
+def test_bad_configs():
+    with pytest.raises(ValueError, match="config"):
+        rotary_from_config(42)
+    with pytest.raises(ValueError, match="rope_type"):
+        rotary_from_config({"model_type": "llama", "head_dim": 16, "rope_scaling": {"type": "warp", "factor": 2.0}})
+    with pytest.raises(ValueError, match="per-layer"):
+        rotary_from_config({"model_type": "x", "head_dim": 16, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
+    with pytest.raises(ValueError, match="RotaryEmbedding"):
+        patch_model(torch.nn.Linear(2, 2))
