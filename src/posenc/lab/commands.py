@@ -1,5 +1,244 @@
-"""Placeholder: filled in by its own issue."""
+"""CLI subcommands of the laboratory: ``posenc train``, ``eval``, ``sample``, ``compare``.
+
+Each handler returns an exit code. Bad input (a :class:`LabError` or ``ValueError`` from the core)
+becomes a one-line message on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
 
 
-def add_commands(subparsers):
-    return None
+def _guard(name: str):
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(args) -> int:
+            if getattr(args, "threads", None):
+                import torch
+
+                torch.set_num_threads(args.threads)
+            try:
+                return fn(args)
+            except (ValueError, FileNotFoundError, IndexError) as e:  # LabError, CorpusError, PositionError...
+                print(f"posenc {name}: error: {e}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print(f"posenc {name}: interrupted; the last checkpoint is intact (rerun with --resume)", file=sys.stderr)
+                return 130
+
+        return run
+
+    return wrap
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 64,128,256, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _str_list(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", help="a text file or folder (default: this Python's standard library, *.py)")
+    p.add_argument("--cache-dir", help="token cache directory (default ~/.cache/posenc/tokens)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--threads", type=_positive_int, help="torch CPU threads for this process")
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+@_guard("train")
+def cmd_train(args) -> int:
+    from posenc.lab.model import GPTConfig
+    from posenc.lab.train import TrainConfig, train
+
+    model_cfg = GPTConfig(
+        encoding=args.encoding, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model, max_len=args.train_len
+    )
+    train_cfg = TrainConfig(
+        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
+        weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+    )
+    result = train(
+        model_cfg, train_cfg, args.out, corpus=args.corpus, cache_dir=args.cache_dir, resume=args.resume,
+        ckpt_every=args.ckpt_every, device=args.device, progress=not args.no_progress, stop_after=args.stop_after,
+    )
+    if result.losses:
+        step, loss = result.losses[-1]
+        print(f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; checkpoint in {args.out}")
+    else:
+        print(f"{args.out} is already at step {result.step}; nothing to train")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- eval
+
+@_guard("eval")
+def cmd_eval(args) -> int:
+    from posenc.lab.data import load_corpus
+    from posenc.lab.evaluate import EXTENSIONS, evaluate, passkey_accuracy
+    from posenc.lab.compare import markdown_table, past_table
+    from posenc.lab.errors import LabError
+    from posenc.lab.train import load_model
+
+    model, state = load_model(args.ckpt, args.device)
+    train_len = model.cfg.max_len
+    lens = args.lens or [train_len * m for m in (1, 2, 4, 8)]
+    exts = tuple(args.extensions) if args.extensions is not None else EXTENSIONS
+    bad = [e for e in exts if e not in EXTENSIONS]
+    if bad:
+        raise LabError(f"--extensions {','.join(bad)} not known; allowed: {', '.join(EXTENSIONS)}")
+    corpus = args.corpus or state.get("corpus")
+    data = load_corpus(corpus, cache_dir=args.cache_dir, min_val_tokens=max(lens) + 1)
+    rows = evaluate(model, data.val, lens, train_len=train_len, max_tokens=args.eval_tokens, extensions=exts)
+    dict_rows = [
+        {"scheme": r.scheme, "note": r.note, "ppl": {str(k): v for k, v in r.ppl.items()},
+         "ppl_past": {str(k): v for k, v in r.ppl_past.items()}}
+        for r in rows
+    ]
+    report = {"checkpoint": str(args.ckpt), "train_len": train_len, "eval_lens": sorted(lens), "results": dict_rows}
+    print(markdown_table(dict_rows, sorted(lens), train_len))
+    past = past_table(dict_rows, sorted(lens), train_len)
+    if past:
+        print("\n" + past)
+    if args.passkey_lens:
+        acc = {"plain": passkey_accuracy(model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed)}
+        if model.cfg.encoding == "rope":
+            for ext in exts:
+                acc[ext] = passkey_accuracy(
+                    model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed, extension=ext
+                )
+        report["passkey"] = {k: {str(n): v for n, v in d.items()} for k, d in acc.items()}
+        print("\npasskey retrieval accuracy (greedy, exact match):")
+        for k, d in acc.items():
+            print(f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- sample
+
+@_guard("sample")
+def cmd_sample(args) -> int:
+    import torch
+
+    from posenc.lab.data import decode, encode
+    from posenc.lab.train import load_model
+
+    model, _ = load_model(args.ckpt, args.device)
+    prompt = encode(args.prompt)
+    if not prompt:
+        prompt = [0]  # the file separator: "start of a file"
+    gen = torch.Generator(device=args.device).manual_seed(args.seed)
+    out = model.generate(
+        torch.tensor([prompt], device=args.device), args.max_new_tokens, temperature=args.temperature,
+        top_k=args.top_k, generator=gen,
+    )
+    sys.stdout.write(decode(out[0].tolist()).replace("\x00", "\n") + "\n")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+@_guard("compare")
+def cmd_compare(args) -> int:
+    from posenc.lab.compare import settings_for, run_compare
+
+    settings = settings_for(
+        args.preset, steps=args.steps, train_len=args.train_len,
+        eval_mults=tuple(args.eval_mults) if args.eval_mults else None,
+        schemes=tuple(args.schemes) if args.schemes else None, seed=args.seed,
+    )
+    result = run_compare(
+        args.out, settings, corpus=args.corpus, cache_dir=args.cache_dir, device=args.device, jobs=args.jobs,
+        progress=not args.no_progress,
+    )
+    print(result.table)
+    print(f"\nwrote results.json, results.md, extrapolation.png to {args.out} ({result.wall_s:.0f} s)")
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    """Add train, eval, sample and compare to the ``posenc`` command."""
+    from posenc.lab.compare import PRESETS
+    from posenc.lab.model import ENCODINGS
+
+    p = subparsers.add_parser("train", help="train a small GPT with one positional encoding")
+    p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS))
+    p.add_argument("--out", required=True, help="run directory (checkpoints, run.json)")
+    _data_args(p)
+    p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (default 64)")
+    p.add_argument("--steps", type=_positive_int, default=600)
+    p.add_argument("--batch-size", type=_positive_int, default=16, help="global batch, split across DDP ranks")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-layer", type=_positive_int, default=4)
+    p.add_argument("--n-head", type=_positive_int, default=4)
+    p.add_argument("--d-model", type=_positive_int, default=128)
+    p.add_argument("--ckpt-every", type=_positive_int, default=100, help="checkpoint interval in steps")
+    p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    p.add_argument("--stop-after", type=_positive_int, help="stop at this step (schedule still targets --steps)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("eval", help="perplexity at several lengths, RoPE extensions, passkey retrieval")
+    p.add_argument("ckpt", help="run directory or checkpoint directory")
+    _data_args(p)
+    p.add_argument("--lens", type=_int_list, help="evaluation lengths, e.g. 64,128,256 (default 1,2,4,8 x train length)")
+    p.add_argument("--eval-tokens", type=_positive_int, default=32768, help="validation tokens per length")
+    p.add_argument("--extensions", type=_str_list, help="RoPE eval-time extensions (default pi,ntk,dynamic,yarn)")
+    p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
+    p.add_argument("--passkey-trials", type=_positive_int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the report as JSON here")
+    p.set_defaults(func=cmd_eval)
+
+    p = subparsers.add_parser("sample", help="generate text from a checkpoint (KV-cached)")
+    p.add_argument("ckpt", help="run directory or checkpoint directory")
+    p.add_argument("--prompt", default="def ")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
+    p.add_argument("--top-k", type=_positive_int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=_positive_int)
+    p.set_defaults(func=cmd_sample)
+
+    p = subparsers.add_parser("compare", help="train every encoding short, evaluate long: table + plot")
+    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    p.add_argument("--preset", default="quick", choices=list(PRESETS),
+                   help="quick: <10 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests")
+    _data_args(p)
+    p.add_argument("--jobs", type=_positive_int, help="models trained in parallel (default: CPU cores, 1 on GPU)")
+    p.add_argument("--steps", type=_positive_int, help="override the preset's training steps")
+    p.add_argument("--train-len", type=_positive_int, help="override the preset's training length")
+    p.add_argument("--eval-mults", type=_int_list, help="evaluation lengths as multiples of the training length")
+    p.add_argument("--schemes", type=_str_list, help="encodings to compare (default all)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_compare)

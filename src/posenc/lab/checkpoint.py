@@ -1,0 +1,173 @@
+"""Checkpoints that survive a kill at any moment.
+
+Layout of a run directory::
+
+    <out>/checkpoints/step-000200/   model.safetensors, optimizer.pt, state.json, manifest.json
+    <out>/checkpoints/latest         the name of the newest complete checkpoint directory
+
+A checkpoint is written into a temporary directory, each file fsynced, the directory renamed into
+place (``os.replace``), and only then is ``latest`` replaced (write a temporary file, fsync,
+``os.replace``). A kill before the rename leaves a stray ``*.tmp`` directory that is ignored and
+cleaned up; a kill after it leaves a complete checkpoint. ``manifest.json`` holds the SHA-256 of
+every other file, so a checkpoint damaged later (disk, copy, hand edit) is reported, never loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from posenc.lab.errors import CheckpointError
+
+_FILES = ("model.safetensors", "optimizer.pt", "state.json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a reader sees the old or the new content, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def checkpoint_root(out_dir: str | os.PathLike) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def save_checkpoint(
+    out_dir: str | os.PathLike,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    state: dict,
+    keep: int = 1,
+) -> Path:
+    """Write a complete checkpoint for ``step`` atomically and point ``latest`` at it.
+
+    Args:
+        state: JSON-able run state (step, configs); ``step`` is added.
+        keep: how many complete checkpoints to keep (older ones are deleted after ``latest`` moves).
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = checkpoint_root(out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:07d}"
+    final = root / name
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.", suffix=".tmp"))
+    try:
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+        save_file(tensors, tmp / "model.safetensors")
+        torch.save(optimizer.state_dict() if optimizer is not None else {}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
+        manifest = {f: _sha256(tmp / f) for f in _FILES}
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        for f in (*_FILES, "manifest.json"):
+            _fsync_file(tmp / f)
+        if final.exists():  # the same step saved twice (e.g. a resumed run's final save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_text_atomic(root / "latest", name + "\n")
+    complete = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(".tmp"))
+    for old in complete[:-keep] if keep > 0 else []:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    for stray in root.glob("step-*.tmp"):
+        shutil.rmtree(stray, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint directory of a run, or None when there is none."""
+    root = checkpoint_root(out_dir)
+    pointer = root / "latest"
+    if pointer.exists():
+        path = root / pointer.read_text().strip()
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint pointer {str(pointer)!r} names {str(path)!r}, which does not exist")
+        return path
+    return None
+
+
+def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> tuple[dict, dict, dict | None]:
+    """Verify and read a checkpoint directory: ``(tensors, state, optimizer_state)``.
+
+    Raises:
+        CheckpointError: a file is missing or its hash does not match the manifest, or it does not parse.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist (expected a directory with model.safetensors)")
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or incomplete: manifest.json unreadable ({e})") from e
+    for f in _FILES:
+        if not (path / f).exists():
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f} is missing")
+        if _sha256(path / f) != manifest.get(f):
+            raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {f} does not match its SHA-256 in manifest.json")
+    try:
+        tensors = load_file(path / "model.safetensors")
+        state = json.loads((path / "state.json").read_text())
+        opt = torch.load(path / "optimizer.pt", weights_only=True) if with_optimizer else None
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {e}") from e
+    return tensors, state, opt
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """Accept a run directory (uses its latest checkpoint) or a checkpoint directory."""
+    path = Path(path)
+    if (path / "manifest.json").exists():
+        return path
+    latest = latest_checkpoint(path) if path.is_dir() else None
+    if latest is None:
+        raise CheckpointError(
+            f"no checkpoint at {str(path)!r}: expected a run directory written by `posenc train` "
+            f"(with checkpoints/latest) or a checkpoint directory (with manifest.json)"
+        )
+    return latest
