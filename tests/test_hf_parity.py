@@ -10,7 +10,7 @@ from posenc import RotaryEmbedding
 from posenc.hf import patch_model, rotary_from_config, unpatch_model
 
 LOGITS_TOL = 1e-5
-COMMON = dict(vocab_size=128, pad_token_id=0, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+COMMON = {"vocab_size": 128, "pad_token_id": 0, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
 LONG = np.linspace(1.0, 4.0, 8).tolist()  # Phi-3: head_dim 16 -> 8 pairs
 SHORT = np.linspace(1.0, 1.2, 8).tolist()
 
@@ -49,7 +49,7 @@ MODELS = {
              rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG}),
         48,
     ),
-    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=64), 40),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", {"vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "n_positions": 64}, 40),
 }
 
 

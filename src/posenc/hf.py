@@ -92,14 +92,14 @@ def rope_settings(config) -> dict:
         scaling = {"rope_type": rope_type, **params}
         if rope_type == "proportional":
             scaling["partial_rotary_factor"] = prf
-    return dict(
-        head_dim=head_dim,
-        base=float(theta),
-        rotary_dim=rotary_dim,
-        layout="interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half",
-        scaling=scaling,
-        max_position_embeddings=max_pos,
-    )
+    return {
+        "head_dim": head_dim,
+        "base": float(theta),
+        "rotary_dim": rotary_dim,
+        "layout": "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half",
+        "scaling": scaling,
+        "max_position_embeddings": max_pos,
+    }
 
 
 def rotary_from_config(config) -> RotaryEmbedding:
