@@ -205,7 +205,7 @@ def draw_figures(path: Path) -> Path:
 
     alibi = ALiBi(8)
     bias = alibi.bias(64, causal=True)[:, -1].numpy()
-    for h, (row, slope) in enumerate(zip(bias, alibi.slopes.tolist())):
+    for h, (row, slope) in enumerate(zip(bias, alibi.slopes.tolist(), strict=True)):
         axes[2].plot(np.arange(64), row, label=f"head {h + 1}: m = {slope:.4g}")
     axes[2].set(title="ALiBi bias for the last query (8 heads)", xlabel="key position j (query at 63)", ylabel="bias")
     axes[2].legend(fontsize=7)
