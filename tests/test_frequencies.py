@@ -8,6 +8,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import GPTNeoXConfig, LlamaConfig
 from transformers import modeling_rope_utils as rope_utils
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -245,3 +247,28 @@ def test_yarn_attention_factor_formula():
     # the paper's sqrt(1/t) = 0.1 ln s + 1
     _, attn = posenc.rope_frequencies(64, scaling={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096})
     assert attn == pytest.approx(0.1 * math.log(16.0) + 1.0, rel=1e-12)
+
+
+@given(
+    head_dim=st.sampled_from([16, 32, 64, 96, 128, 256]),
+    base=st.floats(100.0, 1e7),
+    factor=st.floats(1.0, 64.0),
+    orig=st.integers(16, 200_000),
+    beta_slow=st.floats(0.25, 4.0),
+    beta_gap=st.floats(0.0, 64.0),
+    truncate=st.booleans(),
+    low_freq=st.floats(0.5, 4.0),
+    high_gap=st.floats(0.1, 8.0),
+)
+def test_yarn_and_llama3_match_transformers_anywhere(head_dim, base, factor, orig, beta_slow, beta_gap, truncate, low_freq, high_gap):
+    # random continuous parameters reach the ramp's edge cases (empty ramp, clamped ends) the grid may miss
+    yarn = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig, "rope_theta": base,
+            "beta_fast": beta_slow + beta_gap, "beta_slow": beta_slow, "truncate": truncate}
+    llama3 = {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": orig, "rope_theta": base,
+              "low_freq_factor": low_freq, "high_freq_factor": low_freq + high_gap}
+    for params in (yarn, llama3):
+        with transformers_in_float64():
+            hf64, hf_attn = hf_frequencies(params, head_dim, orig)
+        inv, attn = posenc.rope_frequencies(head_dim, scaling=params)
+        assert rel_err(inv, hf64) <= REL and attn == pytest.approx(hf_attn, rel=1e-12)
+

@@ -159,3 +159,11 @@ def test_bad_configs():
         rotary_from_config({"model_type": "x", "head_dim": 16, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
     with pytest.raises(ValueError, match="RotaryEmbedding"):
         patch_model(torch.nn.Linear(2, 2))
+
+
+def test_importing_posenc_hf_does_not_import_transformers():
+    import subprocess
+    import sys
+
+    code = "import sys, posenc, posenc.hf; assert 'transformers' not in sys.modules, 'transformers imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

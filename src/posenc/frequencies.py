@@ -518,6 +518,8 @@ def rope_frequencies(
     prf = float(_number("partial_rotary_factor", partial_rotary_factor, minimum=0, strict=True))
     if prf > 1:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
+    if seq_len is not None:
+        _number("seq_len", seq_len, minimum=1, integer=True)
     if scaling is None:
         inv, attn = default_frequencies(_rotary_dim(head_dim, prf), base=base)
         return inv.to(torch.float32), attn
