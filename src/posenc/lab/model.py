@@ -207,9 +207,11 @@ class GPT(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        # Vaswani et al.: embeddings ~ d^-1/2 scaled by sqrt(d) on input, so token vectors have unit
-        # scale like the sinusoidal table, and tied logits start at unit scale.
-        nn.init.normal_(self.tok.weight, std=self.cfg.d_model**-0.5)
+        # GPT-2's std 0.02 for the tied table: with a final RMSNorm the logit of "repeat the current
+        # byte" starts at ~d * std (2.6 at d=128), not ~sqrt(d) as with a d^-1/2 init, which would
+        # waste the first steps of a short run unlearning it. The input is scaled by sqrt(d)
+        # (Vaswani et al. 2017, sec. 3.4) so tokens are not swamped by a unit-scale sinusoidal table.
+        nn.init.normal_(self.tok.weight, std=0.02)
         for name, p in self.blocks.named_parameters():
             if p.dim() == 2:
                 std = 0.02

@@ -1,0 +1,32 @@
+"""Fixtures for the laboratory tests: a small deterministic corpus on disk, a private token cache."""
+
+import random
+
+import pytest
+
+_WORDS = ("def", "return", "self", "value", "index", "for", "in", "if", "else", "None", "True", "import", "class")
+
+
+def make_corpus(root, n_files=8, lines=120, seed=0):
+    """Write ``n_files`` pseudo-Python files (~3 KB each) under ``root``; returns root."""
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        sub = root / ("pkg" if i % 2 else "") / f"mod{i}.py"
+        sub.parent.mkdir(parents=True, exist_ok=True)
+        body = []
+        for j in range(lines):
+            words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 6)))
+            body.append(f"    x{j % 7} = {words}  # {rng.randint(0, 999)}")
+        sub.write_text(f"def f{i}():\n" + "\n".join(body) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    return tmp_path / "cache"

@@ -1,0 +1,141 @@
+"""posenc.lab.data: file discovery, split by file, token cache, batches and windows."""
+
+import os
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from posenc.lab.data import (
+    batch_at,
+    decode,
+    default_corpus,
+    encode,
+    is_validation_file,
+    list_files,
+    load_corpus,
+    windows,
+)
+from posenc.lab.errors import CorpusError
+
+
+def test_tokens_are_the_file_bytes_split_by_file(corpus_dir, cache_dir):
+    c = load_corpus(corpus_dir, cache_dir=cache_dir, val_percent=30)
+    files = sorted(corpus_dir.rglob("*.py"), key=lambda p: p.relative_to(corpus_dir).as_posix())
+    val = [f for f in files if is_validation_file(f.relative_to(corpus_dir).as_posix(), 30)]
+    train = [f for f in files if f not in val]
+    assert val and train
+    expect_train = b"".join(f.read_bytes() + b"\0" for f in train)
+    expect_val = b"".join(f.read_bytes() + b"\0" for f in val)
+    assert bytes(c.train) == expect_train
+    assert bytes(c.val) == expect_val
+
+
+def test_split_is_a_stable_hash_of_the_relative_path():
+    # Independent: recompute the rule from its definition (sha256 of the path, 10000 buckets).
+    import hashlib
+
+    for rel in ("a.py", "pkg/b.py", "x/y/z.txt"):
+        bucket = int(hashlib.sha256(rel.encode()).hexdigest()[:16], 16) % 10_000
+        assert is_validation_file(rel, 5.0) == (bucket < 500)
+
+
+def test_cache_is_a_memory_map_and_is_rebuilt_when_a_file_changes(corpus_dir, cache_dir, tmp_path):
+    root = tmp_path / "c"
+    root.mkdir()
+    for f in corpus_dir.rglob("*.py"):
+        dst = root / f.relative_to(corpus_dir)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(f.read_bytes())
+    first = load_corpus(root, cache_dir=cache_dir)
+    assert isinstance(first.train, np.memmap) or isinstance(getattr(first.train, "base", None), np.memmap)
+    entries = list(cache_dir.iterdir())
+    assert len(entries) == 1
+    again = load_corpus(root, cache_dir=cache_dir)
+    assert list(cache_dir.iterdir()) == entries and np.array_equal(again.train, first.train)
+    target = sorted(root.rglob("*.py"))[0]
+    target.write_text("changed\n")
+    os.utime(target, ns=(1, 1))
+    changed = load_corpus(root, cache_dir=cache_dir)
+    assert len(list(cache_dir.iterdir())) == 2
+    assert len(changed.train) + len(changed.val) != len(first.train) + len(first.val)
+
+
+def test_single_file_corpus_keeps_its_tail_for_validation(tmp_path, cache_dir):
+    f = tmp_path / "book.txt"
+    f.write_bytes(bytes(range(256)) * 8)
+    c = load_corpus(f, cache_dir=cache_dir, val_percent=25)
+    assert bytes(c.train) + bytes(c.val) == f.read_bytes()
+    assert len(c.val) == 512
+
+
+def test_default_corpus_is_the_stdlib_without_tests():
+    root = Path(sysconfig.get_paths()["stdlib"])
+    assert default_corpus() == root
+    files = list_files(root, "*.py")
+    rels = [f.relative_to(root).as_posix() for f in files]
+    assert "os.py" in rels and "json/decoder.py" in rels
+    assert not any(r.startswith("test/") or "/test/" in r or "site-packages" in r for r in rels)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "binary"])
+def test_unusable_corpus_is_a_clear_error(tmp_path, cache_dir, make):
+    path = tmp_path / "corpus"
+    if make != "missing":
+        path.mkdir()
+    if make == "binary":
+        (path / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    with pytest.raises(CorpusError, match=str(path)):
+        load_corpus(path, cache_dir=cache_dir)
+
+
+def test_too_small_corpus_names_the_path_and_the_need(tmp_path, cache_dir):
+    f = tmp_path / "tiny.txt"
+    f.write_text("hello world\n" * 3)
+    with pytest.raises(CorpusError, match=r"tiny\.txt.*too small.*1000 are needed"):
+        load_corpus(f, cache_dir=cache_dir, min_train_tokens=1000)
+
+
+def test_batch_is_deterministic_shifted_and_step_dependent():
+    tokens = np.arange(1000, dtype=np.int64) % 251
+    x, y = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
+    x2, y2 = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert x.shape == y.shape == (4, 10) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    x3, _ = batch_at(tokens, 8, batch_size=4, seq_len=10, seed=3)
+    assert not torch.equal(x, x3)
+
+
+def test_batch_rows_are_windows_of_the_corpus():
+    tokens = np.arange(5000, dtype=np.int64)  # every value unique: a row's first value is its start
+    x, y = batch_at(tokens, 0, batch_size=8, seq_len=16, seed=0)
+    for row, target in zip(x, y):
+        s = int(row[0])
+        assert row.tolist() == list(range(s, s + 16))
+        assert target.tolist() == list(range(s + 1, s + 17))
+        assert s + 17 <= len(tokens)
+
+
+def test_eval_windows_do_not_overlap_and_cover_the_same_tokens():
+    tokens = np.arange(10_000, dtype=np.int64)
+    for length in (16, 64, 128):
+        w = windows(tokens, length, max_tokens=1024)
+        assert w.shape == (1024 // length, length + 1)
+        starts = w[:, 0].tolist()
+        assert starts == [i * length for i in range(len(starts))]
+        predicted = w[:, 1:].reshape(-1)
+        assert predicted.tolist() == list(range(1, 1025))
+
+
+def test_window_longer_than_split_is_an_error():
+    with pytest.raises(CorpusError, match="evaluation length 100"):
+        windows(np.zeros(50, dtype=np.uint8), 100, 1000)
+
+
+def test_encode_decode_round_trip():
+    text = "déf f(x):\n    return x  # ü"
+    assert decode(encode(text)) == text
+    assert len(encode(text)) == len(text.encode("utf-8"))

@@ -1,0 +1,193 @@
+"""posenc.lab.train and checkpoint: schedule, determinism, resume, kill safety, corrupt/mismatched checkpoints."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posenc.lab.checkpoint import latest_checkpoint, read_checkpoint, save_checkpoint
+from posenc.lab.data import load_corpus
+from posenc.lab.errors import CheckpointError, LabError
+from posenc.lab.model import GPT, GPTConfig
+from posenc.lab.train import TrainConfig, load_model, lr_at, train
+
+MODEL = GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=16)
+OPT = TrainConfig(steps=6, batch_size=4, lr=1e-2, warmup=2, seed=1)
+
+
+@pytest.fixture
+def corpus(corpus_dir, cache_dir):
+    return load_corpus(corpus_dir, cache_dir=cache_dir)
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_lr_schedule_warmup_then_cosine_to_floor():
+    cfg = TrainConfig(steps=110, lr=1.0, warmup=10, min_lr_ratio=0.1)
+    assert [lr_at(s, cfg) for s in range(3)] == pytest.approx([0.1, 0.2, 0.3])
+    assert lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(10, cfg) == pytest.approx(1.0)
+    assert lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the cosine
+    assert lr_at(110, cfg) == pytest.approx(0.1)
+    values = [lr_at(s, cfg) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def test_training_lowers_the_loss(corpus, tmp_path):
+    cfg = TrainConfig(steps=30, batch_size=8, lr=1e-2, warmup=3, seed=0)
+    r = train(MODEL, cfg, tmp_path / "run", corpus=corpus, progress=False, ckpt_every=100)
+    first, last = r.losses[0][1], r.losses[-1][1]
+    assert last < first - 1.0 and last < math.log(256) - 1.5
+
+
+def test_training_is_deterministic(corpus, tmp_path):
+    a = train(MODEL, OPT, tmp_path / "a", corpus=corpus, progress=False)
+    b = train(MODEL, OPT, tmp_path / "b", corpus=corpus, progress=False)
+    assert_identical(weights(a.model), weights(b.model))
+    c = train(MODEL, TrainConfig(**{**OPT.__dict__, "seed": 2}), tmp_path / "c", corpus=corpus, progress=False)
+    assert not torch.equal(a.model.tok.weight, c.model.tok.weight)
+
+
+@pytest.mark.parametrize("stop", [2, 3])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, stop):
+    full = train(MODEL, OPT, tmp_path / "full", corpus=corpus, progress=False, ckpt_every=2)
+    part = train(MODEL, OPT, tmp_path / "part", corpus=corpus, progress=False, ckpt_every=2, stop_after=stop)
+    assert part.step == stop and latest_checkpoint(tmp_path / "part").name == f"step-{stop:07d}"
+    resumed = train(MODEL, OPT, tmp_path / "part", corpus=corpus, progress=False, ckpt_every=2, resume=True)
+    assert resumed.step == OPT.steps
+    assert_identical(weights(full.model), weights(resumed.model))
+    # the optimizer state too: the saved final checkpoints agree tensor for tensor
+    _, _, opt_a = read_checkpoint(latest_checkpoint(tmp_path / "full"))
+    _, _, opt_b = read_checkpoint(latest_checkpoint(tmp_path / "part"))
+    for sa, sb in zip(opt_a["state"].values(), opt_b["state"].values()):
+        for key in sa:
+            assert torch.equal(sa[key], sb[key])
+
+
+def test_existing_run_without_resume_is_refused(corpus, tmp_path):
+    train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, stop_after=2)
+    with pytest.raises(LabError, match="already holds a checkpoint.*--resume"):
+        train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False)
+
+
+def test_mismatched_config_is_refused_on_resume(corpus, tmp_path):
+    train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, stop_after=2)
+    other = GPTConfig(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
+    with pytest.raises(CheckpointError, match="different configuration.*model.encoding: checkpoint has 'rope', requested 'alibi'"):
+        train(other, OPT, tmp_path / "run", corpus=corpus, progress=False, resume=True)
+    with pytest.raises(CheckpointError, match="train.lr"):
+        train(MODEL, TrainConfig(**{**OPT.__dict__, "lr": 5e-3}), tmp_path / "run", corpus=corpus, progress=False,
+              resume=True)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_corrupt_checkpoint_is_reported_not_loaded(corpus, tmp_path, damage):
+    train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, stop_after=2)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    target = ckpt / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    if damage == "flip":
+        data[-5] ^= 0xFF
+        target.write_bytes(bytes(data))
+    elif damage == "truncate":
+        target.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        target.unlink()
+    with pytest.raises(CheckpointError, match=str(ckpt)):
+        train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, resume=True)
+    with pytest.raises(CheckpointError, match="corrupt|incomplete"):
+        load_model(tmp_path / "run")
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        load_model(tmp_path)
+
+
+def test_checkpoint_holds_safetensors_weights_and_json_config(corpus, tmp_path):
+    r = train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False)
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["manifest.json", "model.safetensors", "optimizer.pt", "state.json"]
+    tensors = load_file(ckpt / "model.safetensors")
+    for k, v in r.model.state_dict().items():
+        assert torch.equal(tensors[k], v)
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["step"] == OPT.steps and state["model"] == MODEL.to_dict()
+    model, _ = load_model(tmp_path / "run")
+    x = torch.randint(0, 256, (1, 8))
+    assert torch.equal(model(x), r.model(x))
+    # only one complete checkpoint is kept, and no temporary directories are left behind
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["latest", f"step-{OPT.steps:07d}"]
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    model = GPT(MODEL)
+    save_checkpoint(tmp_path, 1, model, None, {"model": MODEL.to_dict()})
+    import posenc.lab.checkpoint as ck
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_file", boom)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, 2, model, None, {"model": MODEL.to_dict()})
+    assert latest_checkpoint(tmp_path).name == "step-0000001"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-0000001"]
+    read_checkpoint(latest_checkpoint(tmp_path))  # still verifies
+
+
+def _cli(*args):
+    return [sys.executable, "-m", "posenc.cli", *args]
+
+
+def test_kill_at_any_moment_then_resume_matches_uninterrupted(corpus_dir, tmp_path):
+    """SIGKILL a training process mid-run; --resume must finish with the uninterrupted run's weights."""
+    common = ["train", "--encoding", "alibi", "--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache"),
+              "--train-len", "16", "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--batch-size", "4",
+              "--steps", "40", "--warmup", "2", "--ckpt-every", "3", "--threads", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ref = subprocess.run(_cli(*common, "--out", str(tmp_path / "ref")), env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    victim = subprocess.Popen(_cli(*common, "--out", str(tmp_path / "run")), env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "run" / "checkpoints" / "latest").exists():
+        time.sleep(0.02)
+    time.sleep(0.05)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = latest_checkpoint(tmp_path / "run")
+    assert killed_at is not None
+    read_checkpoint(killed_at)  # whatever moment it died, the checkpoint left behind verifies
+    res = subprocess.run(_cli(*common, "--out", str(tmp_path / "run"), "--resume"), env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    a = load_file(latest_checkpoint(tmp_path / "ref") / "model.safetensors")
+    b = load_file(latest_checkpoint(tmp_path / "run") / "model.safetensors")
+    assert_identical(a, b)
+
+
+def test_bad_train_settings_are_clear_errors():
+    with pytest.raises(LabError, match="steps=0"):
+        TrainConfig(steps=0)
+    with pytest.raises(LabError, match="lr="):
+        TrainConfig(lr=-1.0)
+    with pytest.raises(LabError, match="ckpt_every"):
+        train(MODEL, OPT, "/nonexistent", ckpt_every=0)
