@@ -12,6 +12,7 @@ from .attention import attention
 from .bias import ALiBi, alibi_slopes
 from .frequencies import rope_frequencies
 from .layout import convert_layout, rerotate_keys
+from .cache import RotaryKVCache
 from .rotary import RotaryEmbedding
 
 __version__ = "0.1.0"
@@ -29,4 +30,5 @@ __all__ = [
     "rope_frequencies",
     "convert_layout",
     "rerotate_keys",
+    "RotaryKVCache",
 ]

@@ -30,7 +30,7 @@ import torch
 from . import _checks
 from .kernels import apply_rotary
 
-__all__ = ["RotaryKVCache"]
+__all__ = ["RotaryKVCache", "turn_keys"]
 
 MODES = ("unrotated", "rerotate", "hf")
 
@@ -76,23 +76,30 @@ class RotaryKVCache:
         if self.mode == "unrotated":
             self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
             return q_rot, rot.rotate(self.keys, context_len=total), self.values
-        if self.mode == "rerotate" and self.keys is not None and not _same(schedule, self._schedule):
-            self.keys = self._turn(self.keys, self._schedule, schedule)
+        if self.mode == "rerotate" and self.keys is not None and not same_schedule(schedule, self._schedule):
+            self.keys = turn_keys(self.keys, self._schedule, schedule, rot.layout)
         k_rot = rot.rotate(k, offset=start, context_len=total)
         self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
         self._schedule = schedule
         return q_rot, self.keys, self.values
 
-    def _turn(self, keys: torch.Tensor, old, new) -> torch.Tensor:
-        """Keys rotated with schedule ``old`` at positions 0..n-1 -> the same keys under ``new``."""
-        (inv_old, a_old), (inv_new, a_new) = old, new
-        p = torch.arange(keys.shape[-2], dtype=torch.float64, device=keys.device)
-        theta = p[:, None] * (inv_new - inv_old).to(keys.device)  # float64: the difference is small, keep it exact
-        ratio = float(a_new) / float(a_old)
-        work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-        cos, sin = (torch.cos(theta) * ratio).to(work), (torch.sin(theta) * ratio).to(work)
-        return apply_rotary(keys, cos, sin, layout=self.rotary.layout)
+
+def turn_keys(keys: torch.Tensor, old, new, layout: str) -> torch.Tensor:
+    """Keys rotated with schedule ``old`` at positions 0..n-1 -> the same keys rotated with ``new``.
+
+    ``old``, ``new``: (inv_freq float64 (rotary_dim/2,), attention factor), as RotaryEmbedding.frequencies
+    returns them. keys: (..., n, head_dim). Rotation by p (omega_new - omega_old) times the attention
+    factor ratio, formed in float64 (the frequency difference is small; float32 would lose it).
+    """
+    (inv_old, a_old), (inv_new, a_new) = old, new
+    p = torch.arange(keys.shape[-2], dtype=torch.float64, device=keys.device)
+    theta = p[:, None] * (inv_new - inv_old).to(keys.device)
+    ratio = float(a_new) / float(a_old)
+    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    cos, sin = (torch.cos(theta) * ratio).to(work), (torch.sin(theta) * ratio).to(work)
+    return apply_rotary(keys, cos, sin, layout=layout)
 
 
-def _same(a, b) -> bool:
+def same_schedule(a, b) -> bool:
+    """Whether two (inv_freq, attention factor) schedules are identical (b may be None)."""
     return b is not None and float(a[1]) == float(b[1]) and torch.equal(a[0], b[0])

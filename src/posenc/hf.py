@@ -5,6 +5,9 @@
   ``rope_parameters`` method, and the pairing layout that model family's code uses.
 - :func:`patch_model`: run a transformers model with posenc computing its rotary cos/sin (float64
   angles, per-call context for dynamic methods); :func:`unpatch_model` undoes it.
+- :func:`consistent_cache`: a transformers ``DynamicCache`` that re-rotates the cached keys whenever a
+  length-dependent schedule (dynamic NTK, dynamic YaRN, LongRoPE) changes, so cached keys and the new
+  query always share one schedule (see :mod:`posenc.cache`).
 
 transformers itself is only imported by the caller: nothing here needs it at import time.
 """
@@ -19,7 +22,7 @@ import torch
 from .frequencies import METHODS
 from .rotary import RotaryEmbedding
 
-__all__ = ["INTERLEAVED_MODEL_TYPES", "patch_model", "rotary_from_config", "unpatch_model"]
+__all__ = ["INTERLEAVED_MODEL_TYPES", "consistent_cache", "patch_model", "rotary_from_config", "unpatch_model"]
 
 # Families whose transformers code pairs dimensions (2i, 2i+1); every other RoPE family in transformers
 # (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs (i, i + r/2).
@@ -179,3 +182,45 @@ def unpatch_model(model):
             del module.forward  # the instance attribute; the class's forward shows through again
             del module.posenc_rotary
     return model
+
+
+def consistent_cache(model, rotary: RotaryEmbedding | None = None):
+    """A transformers ``DynamicCache`` whose cached keys follow the current RoPE schedule.
+
+    transformers caches keys rotated with the schedule of the step that produced them; with dynamic NTK,
+    dynamic YaRN or LongRoPE that schedule changes as the sequence grows, and decoding drifts from a full
+    forward pass. This cache, before appending a layer's new keys, turns the cached ones from the schedule
+    they were rotated with to the one for the new total length (:func:`posenc.cache.turn_keys`): for a
+    one-layer model, cached decoding then equals the full forward pass at every length (tested). Use it
+    with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
+
+        patch_model(model)
+        out = model(ids, past_key_values=consistent_cache(model), use_cache=True)
+
+    Batches must be unpadded (the total length is the cache length plus the new tokens).
+    """
+    from transformers import DynamicCache
+
+    from .cache import same_schedule, turn_keys
+
+    if rotary is None:
+        found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]
+        rotary = found[0] if found else rotary_from_config(model.config)
+
+    class RopeConsistentCache(DynamicCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rotary = rotary
+            self.schedules: dict[int, tuple] = {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            cached = self.get_seq_length(layer_idx) if layer_idx < len(self.layers) else 0
+            schedule = self.rotary.frequencies(cached + key_states.shape[-2])
+            old = self.schedules.get(layer_idx)
+            if cached and old is not None and not same_schedule(schedule, old):
+                layer = self.layers[layer_idx]
+                layer.keys = turn_keys(layer.keys, old, schedule, self.rotary.layout)
+            self.schedules[layer_idx] = schedule
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return RopeConsistentCache(config=model.config)
