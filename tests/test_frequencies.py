@@ -49,7 +49,7 @@ def transformers_in_float64():
     try:
         yield
     finally:
-        for m, t in zip(mods, saved):
+        for m, t in zip(mods, saved, strict=True):
             m.torch = t
 
 

@@ -106,7 +106,7 @@ def test_cached_decoding_matches_transformers(name):
             out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
             cache = out.past_key_values
             got_steps.append(out.logits[:, -1])
-    err = max(float((g - w).abs().max()) for g, w in zip(got_steps, want_steps))
+    err = max(float((g - w).abs().max()) for g, w in zip(got_steps, want_steps, strict=True))
     assert err <= LOGITS_TOL
 
 

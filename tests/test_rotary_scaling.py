@@ -151,7 +151,7 @@ def test_decoding_equals_full_forward(name):
     caches = {mode: RotaryKVCache(rot, mode) for mode in ("unrotated", "rerotate", "hf")}
     worst = dict.fromkeys(caches, 0.0)
     prefill = ORIG // 2
-    for mode, cache in caches.items():
+    for cache in caches.values():
         one_layer(x[..., :prefill, :], rot, w, cache)
     for t in range(prefill, length):
         full = one_layer(x[..., : t + 1, :], rot, w)[..., -1, :]  # everything rotated for length t + 1

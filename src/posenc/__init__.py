@@ -10,9 +10,9 @@ from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import ALiBi, alibi_slopes
+from .cache import RotaryKVCache
 from .frequencies import rope_frequencies
 from .layout import convert_layout, rerotate_keys
-from .cache import RotaryKVCache
 from .rotary import RotaryEmbedding
 
 __version__ = "0.1.0"

@@ -63,7 +63,7 @@ def plot_frequencies(
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     pairs = np.arange(head_dim // 2)
     styles = ["-", "--", "-.", "-", ":"]
-    for (name, w), style in zip(waves.items(), styles):
+    for (name, w), style in zip(waves.items(), styles, strict=True):
         ax.plot(pairs, w, style, label=name, linewidth=2 if name in ("YaRN", "Llama 3.1") else 1.5)
     ax.axhline(original_length, color="grey", linewidth=0.8)
     ax.axhline(original_length * factor, color="grey", linewidth=0.8, linestyle="--")

@@ -160,7 +160,7 @@ class RotaryEmbedding(nn.Module):
             return [v.item() if isinstance(v, torch.Tensor) else v] * n
 
         rows, memo = [], {}
-        for c, f in zip(per_row(context_len, "context_len"), per_row(factor, "factor")):
+        for c, f in zip(per_row(context_len, "context_len"), per_row(factor, "factor"), strict=True):
             key = (c if self.length_dependent else None, f)
             if key not in memo:  # sequences in a batch often share a length
                 memo[key] = self.frequencies(*key)
