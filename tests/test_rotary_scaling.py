@@ -171,3 +171,14 @@ def test_cache_rejects_bad_input():
     cache = RotaryKVCache(rotary("dynamic"))
     with pytest.raises(ValueError, match="same new tokens"):
         cache.update(torch.randn(1, 1, 2, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM))
+
+
+def test_fractional_positions_with_a_length_dependent_method():
+    # interpolated positions: the context is 1 + floor(largest position)
+    torch.manual_seed(5)
+    rot = rotary("dynamic")
+    x = torch.randn(1, 2, 6, HEAD_DIM, dtype=torch.float64)
+    positions = torch.linspace(0.0, 200.5, 6, dtype=torch.float64)
+    got = rot.rotate(x, positions)
+    want = expected(x, positions.numpy(), "dynamic", "half", 201)
+    assert np.abs(got.numpy() - want).max() <= 1e-12
