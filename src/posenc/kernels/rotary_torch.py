@@ -1,0 +1,119 @@
+"""Fused RoPE rotation in plain torch ops, for the CPU (and any device without Triton).
+
+RoPE (Su et al. 2021, arxiv.org/abs/2104.09864) rotates pair k of x at position p by theta = p * omega_k:
+(a, b) -> (a cos - b sin, a sin + b cos). Every path writes straight into a preallocated output and
+never allocates a temporary the size of x:
+
+* direct: interleaved pairs in float32/float64 are complex numbers already laid out in memory, so
+  ``view_as_complex(x) * (cos + i sin)`` is one vectorised, multi-threaded pass over x (read x once,
+  write out once: the memory-bandwidth floor). In place it is a single ``mul_``.
+* blocked: every other case (the "half" layout, bfloat16/float16, odd strides) walks the sequence in
+  blocks of ~64 Ki elements that stay in L2 cache, with a handful of out=/in-place torch ops per
+  block, so main memory still sees about one read of x and one write of out.
+
+Besides the output a call allocates only O(seq * rotary_dim) tables and one cache-sized scratch block.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Elements (leading dims x rows x rotary_dim) per block: 128 Ki floats = 512 KiB, so a block of x, of out and
+# the scratch stay in L2 together. Measured on a 2-core EPYC (2 MiB L2): much larger blocks spill and are
+# slower; smaller ones pay Python overhead and a thread barrier per op (costly on a loaded machine).
+_BLOCK_ELEMS = 1 << 17
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _complex_viewable(x: torch.Tensor) -> bool:
+    """True when the rotary slice of x can be reinterpreted as complex numbers without a copy."""
+    if x.stride(-1) != 1 or x.storage_offset() % 2:
+        return False
+    return all(s % 2 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
+
+
+def _pairs(x: torch.Tensor, r: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of the first and second member of each rotated pair: (..., seq, r/2) each."""
+    if layout == "interleaved":
+        return x[..., 0:r:2], x[..., 1:r:2]
+    return x[..., : r // 2], x[..., r // 2 : r]
+
+
+def rotate_into(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out: torch.Tensor,
+    layout: str = "interleaved",
+    conjugate: bool = False,
+) -> torch.Tensor:
+    """Write the rotation of x into out (which may be x itself, for an in-place rotation).
+
+    Args:
+        x: (..., seq, head_dim), any float dtype, any strides.
+        cos, sin: (..., seq, rotary_dim/2) float32 (float64 for float64 x), broadcastable against x's leading dims.
+        out: tensor shaped like x, same dtype; out[..., rotary_dim:] gets x[..., rotary_dim:].
+        conjugate: rotate by -theta (the backward pass: the transpose of a rotation is its inverse).
+
+    Returns:
+        out.
+    """
+    h = cos.shape[-1]
+    r = 2 * h
+    if out is not x and r < x.shape[-1]:
+        out[..., r:].copy_(x[..., r:])
+    if x.numel() == 0 or h == 0:
+        return out
+    work = _work_dtype(x.dtype)
+    if layout == "interleaved" and x.dtype == work and _complex_viewable(x) and _complex_viewable(out):
+        table = torch.complex(cos.to(work), -sin.to(work) if conjugate else sin.to(work))  # (..., seq, r/2)
+        xc = torch.view_as_complex(x[..., :r].unflatten(-1, (h, 2)))
+        if out is x:
+            xc.mul_(table)
+        else:
+            torch.mul(xc, table, out=torch.view_as_complex(out[..., :r].unflatten(-1, (h, 2))))
+        return out
+
+    # Blocked path: walk the sequence axis in blocks small enough to stay in cache.
+    seq = x.shape[-2]
+    lead = x.shape[:-2]
+    lead_n = max(1, x[..., 0, 0].numel())
+    rows = max(1, min(seq, _BLOCK_ELEMS // (lead_n * r)))
+    cos_w, sin_w = cos.to(work), sin.to(work)
+    nsin = -sin_w
+    if conjugate:
+        sin_w, nsin = nsin, sin_w
+    same = x.dtype == work
+    if same:
+        # float32/float64: compute straight into out; in place, one half is saved first.
+        a, b = _pairs(x, r, layout)
+        oa, ob = _pairs(out, r, layout)
+        saved = torch.empty(*lead, rows, h, dtype=work, device=x.device) if out is x else None
+    else:
+        # bfloat16/float16: convert a block to float32 scratch, rotate there, convert back once.
+        src = torch.empty(*lead, rows, r, dtype=work, device=x.device)
+        dst = torch.empty(*lead, rows, r, dtype=work, device=x.device)
+    for s0 in range(0, seq, rows):
+        s1 = min(seq, s0 + rows)
+        n = s1 - s0
+        c, sn, ns = cos_w[..., s0:s1, :], sin_w[..., s0:s1, :], nsin[..., s0:s1, :]
+        if same:
+            xa, xb, ya, yb = a[..., s0:s1, :], b[..., s0:s1, :], oa[..., s0:s1, :], ob[..., s0:s1, :]
+            sa = xa if saved is None else saved[..., :n, :].copy_(xa)  # in place, a' overwrites a
+            torch.mul(xa, c, out=ya).addcmul_(xb, ns)  # a' = a cos - b sin  (b still intact)
+            torch.mul(xb, c, out=yb).addcmul_(sa, sn)  # b' = b cos + a sin  (a from the saved copy)
+            continue
+        sb, db = src[..., :n, :], dst[..., :n, :]
+        sb.copy_(x[..., s0:s1, :r])
+        if layout == "interleaved":  # scratch is contiguous, so the pairs are complex numbers
+            torch.view_as_complex(sb.unflatten(-1, (h, 2))).mul_(torch.complex(c, sn))
+            db = sb
+        else:
+            xa, xb = sb[..., :h], sb[..., h:]
+            torch.mul(xa, c, out=db[..., :h]).addcmul_(xb, ns)
+            torch.mul(xb, c, out=db[..., h:]).addcmul_(xa, sn)
+        out[..., s0:s1, :r].copy_(db)
+    return out
