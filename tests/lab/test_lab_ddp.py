@@ -1,0 +1,60 @@
+"""Data-parallel training under torchrun: two CPU processes (gloo) agree, and match one process."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import torch
+from safetensors.torch import load_file
+
+from posenc.lab.checkpoint import latest_checkpoint
+from posenc.lab.data import load_corpus
+from posenc.lab.model import GPTConfig
+from posenc.lab.train import TrainConfig, train
+
+MODEL = dict(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
+OPT = dict(steps=5, batch_size=4, lr=1e-2, warmup=1, seed=3)
+
+SCRIPT = textwrap.dedent(
+    """
+    import hashlib, json, os, sys
+    import torch, torch.distributed as dist
+    from posenc.lab.model import GPTConfig
+    from posenc.lab.train import TrainConfig, train
+    out, corpus, cache, model_kw, opt_kw = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    r = train(GPTConfig(**model_kw), TrainConfig(**opt_kw), out, corpus=corpus, cache_dir=cache, progress=False,
+              ckpt_every=2)
+    h = hashlib.sha256()
+    for k, v in sorted(r.model.state_dict().items()):
+        h.update(k.encode()); h.update(v.detach().cpu().numpy().tobytes())
+    rank = dist.get_rank()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": dist.get_world_size(), "step": r.step, "sha": h.hexdigest(),
+                   "backend": dist.get_backend()}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_two_process_ddp_ranks_agree_and_match_single_process(corpus_dir, tmp_path):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(SCRIPT)
+    out, cache = tmp_path / "ddp", tmp_path / "cache"
+    load_corpus(corpus_dir, cache_dir=cache)  # build the token cache once, before two ranks race for it
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           str(script), str(out), str(corpus_dir), str(cache), json.dumps(MODEL), json.dumps(OPT)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world"] for r in ranks] == [2, 2] and [r["backend"] for r in ranks] == ["gloo", "gloo"]
+    assert ranks[0]["step"] == ranks[1]["step"] == OPT["steps"]
+    assert ranks[0]["sha"] == ranks[1]["sha"]  # DDP kept the replicas identical
+
+    # Each rank trains on its half of the same global batch, so the run equals one process on the
+    # whole batch, up to the order of float additions in the gradient all-reduce.
+    single = train(GPTConfig(**MODEL), TrainConfig(**OPT), tmp_path / "single", corpus=corpus_dir, cache_dir=cache,
+                   progress=False)
+    ddp_weights = load_file(latest_checkpoint(out) / "model.safetensors")
+    for k, v in single.model.state_dict().items():
+        torch.testing.assert_close(ddp_weights[k], v, rtol=1e-4, atol=1e-5)

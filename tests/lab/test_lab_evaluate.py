@@ -1,0 +1,113 @@
+"""posenc.lab.evaluate: perplexity protocol against a by-hand computation, extensions, passkey, n/a rows."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from posenc.lab.data import decode
+from posenc.lab.errors import LabError
+from posenc.lab.evaluate import check_lengths, evaluate, passkey_accuracy, passkey_prompt, perplexities
+from posenc.lab.model import GPT, GPTConfig
+
+VAL = (np.arange(3000) * 7919 % 256).astype(np.uint8)
+
+
+def tiny(encoding, max_len=8):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(encoding=encoding, n_layer=1, n_head=2, d_model=16, max_len=max_len)).eval()
+
+
+def by_hand(model, tokens, length, max_tokens, start_pos=0):
+    """exp(mean NLL) over non-overlapping windows, one window at a time, in float64."""
+    total, count = 0.0, 0
+    n = max_tokens // length
+    for w in range(n):
+        seq = torch.tensor(tokens[w * length : w * length + length + 1].astype(np.int64))[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq[:, :-1]).double(), -1)[0]
+        for t in range(start_pos, length):
+            total -= logp[t, seq[0, t + 1]].item()
+            count += 1
+    return math.exp(total / count)
+
+
+@pytest.mark.parametrize("encoding", ["sinusoidal", "alibi", "rope", "none"])
+def test_perplexity_matches_a_by_hand_computation(encoding):
+    m = tiny(encoding)
+    row = perplexities(m, VAL, [8, 16, 32], train_len=8, max_tokens=256)
+    for length in (8, 16, 32):
+        assert row.ppl[length] == pytest.approx(by_hand(m, VAL, length, 256), rel=1e-6)
+    assert row.ppl_past[8] is None
+    assert row.ppl_past[32] == pytest.approx(by_hand(m, VAL, 32, 256, start_pos=8), rel=1e-6)
+
+
+def test_learned_past_its_table_is_na_with_a_reason_not_a_crash():
+    m = tiny("learned", max_len=8)
+    row = perplexities(m, VAL, [4, 8, 16, 32], train_len=8, max_tokens=128)
+    assert row.ppl[4] is not None and row.ppl[8] is not None
+    assert row.ppl[16] is None and row.ppl[32] is None
+    assert "position 15" in row.note and "max_len=8" in row.note
+
+
+def test_rope_extension_rows_agree_with_plain_rope_up_to_the_training_length():
+    m = tiny("rope", max_len=8)
+    rows = evaluate(m, VAL, [8, 32], train_len=8, max_tokens=256, extensions=("pi", "ntk", "dynamic", "yarn"))
+    assert [r.scheme for r in rows] == ["rope", "rope+pi", "rope+ntk", "rope+dynamic", "rope+yarn"]
+    plain = rows[0]
+    for r in rows[1:]:
+        assert r.ppl[8] == pytest.approx(plain.ppl[8], rel=1e-9)
+        assert r.ppl[32] != plain.ppl[32]  # an untrained model barely cares, but the frequencies did change
+    assert m.rotary.scaling is None  # the model is left as it was
+
+
+def test_pi_row_equals_a_model_built_with_pi():
+    m = tiny("rope", max_len=8)
+    row = perplexities(m, VAL, [32], train_len=8, max_tokens=256, extension="pi")
+    m.set_rope_scaling({"rope_type": "linear", "factor": 4.0})
+    assert row.ppl[32] == pytest.approx(by_hand(m, VAL, 32, 256), rel=1e-6)
+
+
+def test_non_rope_models_get_only_their_own_row_and_extensions_need_rope():
+    assert [r.scheme for r in evaluate(tiny("alibi"), VAL, [8], train_len=8, max_tokens=64)] == ["alibi"]
+    with pytest.raises(LabError, match="needs a rope model"):
+        perplexities(tiny("alibi"), VAL, [8], train_len=8, extension="pi")
+    with pytest.raises(LabError, match="extension='longer' is not known"):
+        perplexities(tiny("rope"), VAL, [16], train_len=8, extension="longer")
+
+
+@pytest.mark.parametrize("bad", [[], [0, 8], [8, 8], ["x"]])
+def test_bad_lengths_are_clear_errors(bad):
+    with pytest.raises(LabError, match="eval_lens"):
+        check_lengths("eval_lens", bad)
+
+
+def test_passkey_prompt_has_exact_length_and_hides_the_key():
+    for depth in (0.0, 0.5, 1.0):
+        ids, key = passkey_prompt(300, "73914", depth)
+        text = decode(ids)
+        assert len(ids) == 300
+        assert text.count("73914") == 2 and text.endswith("What is the pass key? The pass key is ")
+    first = decode(passkey_prompt(300, "11111", 0.0)[0]).index("11111")
+    last = decode(passkey_prompt(300, "11111", 1.0)[0]).index("11111")
+    assert first < last
+    with pytest.raises(LabError, match="too short"):
+        passkey_prompt(40, "12345", 0.5)
+
+
+def test_passkey_accuracy_counts_exact_matches():
+    class Oracle(GPT):
+        """Answers with whatever key the prompt holds: accuracy must be 1."""
+
+        def generate(self, prompt, n, **kw):
+            text = decode(prompt[0].tolist())
+            key = text.split("The pass key is ")[1][:n]
+            return torch.cat([prompt, torch.tensor([[ord(c) for c in key]])], dim=1)
+
+    torch.manual_seed(0)
+    oracle = Oracle(GPTConfig(encoding="none", n_layer=1, n_head=2, d_model=16, max_len=8))
+    assert passkey_accuracy(oracle, [150, 200], trials=3) == {150: 1.0, 200: 1.0}
+    acc = passkey_accuracy(tiny("rope"), [150], trials=2)
+    assert 0.0 <= acc[150] <= 1.0
+    assert passkey_accuracy(tiny("learned", max_len=8), [150], trials=1) == {150: None}
