@@ -81,5 +81,38 @@ class ALiBi(nn.Module):
     def forward(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
         return self.bias(q_len, k_len, causal)
 
+    def score_mod(self, q_len: int, k_len: int | None = None, causal: bool = True):
+        """A FlexAttention ``score_mod`` adding this bias without materialising it.
+
+        ``score_mod(score, b, h, q_idx, kv_idx) -> score - m_h |i - j|``, with query index q_idx at position
+        ``q_idx + k_len - q_len`` (bottom-right alignment, as :meth:`bias`); with ``causal=True`` later keys get
+        -inf. For speed pair it with :meth:`mask_mod` in a block mask, so fully masked tiles are skipped.
+        """
+        _checks.positive_int("q_len", q_len)
+        k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
+        if k_len < q_len:
+            raise ValueError(f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}")
+        shift = k_len - q_len
+        slopes = self.slopes
+
+        def alibi_score_mod(score, b, h, q_idx, kv_idx):
+            d = q_idx + shift - kv_idx
+            biased = score - slopes[h] * torch.abs(d)
+            if causal:
+                biased = torch.where(d >= 0, biased, -math.inf)
+            return biased
+
+        return alibi_score_mod
+
+    def mask_mod(self, q_len: int, k_len: int | None = None):
+        """A FlexAttention ``mask_mod`` for bottom-right-aligned causal masking (True where a key is visible)."""
+        k_len = q_len if k_len is None else k_len
+        shift = k_len - q_len
+
+        def causal_mask_mod(b, h, q_idx, kv_idx):
+            return q_idx + shift >= kv_idx
+
+        return causal_mask_mod
+
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, learnable={self.learnable}"
