@@ -139,12 +139,12 @@ def test_checkpoint_holds_safetensors_weights_and_json_config(corpus, tmp_path):
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     model = GPT(MODEL)
     save_checkpoint(tmp_path, 1, model, None, {"model": MODEL.to_dict()})
-    import posenc.lab.checkpoint as ck
-
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ck, "save_file", boom)
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)
     with pytest.raises(OSError):
         save_checkpoint(tmp_path, 2, model, None, {"model": MODEL.to_dict()})
     assert latest_checkpoint(tmp_path).name == "step-0000001"

@@ -22,8 +22,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from posenc.lab.errors import CheckpointError
 
@@ -93,6 +91,8 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:07d}"
     final = root / name
+    from safetensors.torch import save_file  # the lab's optional dependency, imported when used
+
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.", suffix=".tmp"))
     try:
         tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
@@ -138,6 +138,9 @@ def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> 
     Raises:
         CheckpointError: a file is missing or its hash does not match the manifest, or it does not parse.
     """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist (expected a directory with model.safetensors)")
