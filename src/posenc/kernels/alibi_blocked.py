@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -59,14 +60,14 @@ class _Layout:
         work = _work_dtype(q.dtype)
         self.work = work
         g = h // hk
-        self.qb = q.new_zeros((b, h, lq, self.e), dtype=work)
-        self.qb[..., :d] = q
+        # One padded copy each (F.pad is a single op: on a busy machine every extra op is a thread barrier).
+        self.qb = F.pad(q.to(work), (0, self.e - d))
         self.qb[..., d] = (slopes.detach().to(work) / scale)[None, :, None]
-        self.kb = k.new_zeros((b, h, lk, self.e), dtype=work)
-        self.kb[..., :d] = k.repeat_interleave(g, dim=1) if g > 1 else k
+        k = k.repeat_interleave(g, dim=1) if g > 1 else k
+        v = v.repeat_interleave(g, dim=1) if g > 1 else v
+        self.kb = F.pad(k.to(work), (0, self.e - d))
         self.kb[..., d + 1] = 1.0
-        self.vb = v.new_zeros((b, h, lk, self.e), dtype=work)
-        self.vb[..., :dv] = v.repeat_interleave(g, dim=1) if g > 1 else v
+        self.vb = F.pad(v.to(work), (0, self.e - dv))
         self.pos_k = torch.arange(lk, device=q.device, dtype=work)
 
     def keys(self, j0: int, j1: int, base: int, sign: float) -> torch.Tensor:
