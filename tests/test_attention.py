@@ -1,0 +1,206 @@
+"""posenc.attention and its ALiBi paths against the materialised-bias reference (numpy and torch)."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc import ALiBi, RotaryEmbedding, reference
+from posenc.attention import MATERIALISE_MAX, alibi_backend
+from posenc.kernels.alibi_blocked import alibi_attention_blocked
+from posenc.rotary import rotate_eager
+
+
+def _materialised(q, k, v, alibi, causal, scale=None):
+    """SDPA with the (heads, q_len, k_len) bias built in full, k/v expanded for GQA: the torch reference."""
+    g = q.shape[1] // k.shape[1]
+    mask = alibi.bias(q.shape[2], k.shape[2], causal=causal).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask, scale=scale)
+
+
+def _numpy_reference(q, k, v, slopes, causal):
+    """posenc.reference.attention with the chapter's bias, queries at the last q_len positions."""
+    lq, lk = q.shape[2], k.shape[2]
+    g = q.shape[1] // k.shape[1]
+    i = np.arange(lk - lq, lk)[:, None]
+    j = np.arange(lk)[None, :]
+    bias = -np.asarray(slopes, dtype=np.float64)[:, None, None] * np.abs(i - j)[None]
+    kk = np.repeat(k.double().numpy(), g, axis=1)
+    vv = np.repeat(v.double().numpy(), g, axis=1)
+    return reference.attention(q.double().numpy(), kk, vv, bias=bias, causal=causal)
+
+
+@st.composite
+def alibi_case(draw):
+    batch = draw(st.integers(1, 2))
+    kv_heads = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 3))
+    k_len = draw(st.integers(1, 40))
+    q_len = draw(st.integers(1, k_len))
+    head_dim = draw(st.sampled_from([4, 8, 12]))
+    v_dim = draw(st.sampled_from([head_dim, 6]))
+    causal = draw(st.booleans())
+    block = draw(st.integers(1, 16))
+    return batch, kv_heads * group, kv_heads, q_len, k_len, head_dim, v_dim, causal, block
+
+
+@given(alibi_case())
+def test_blocked_matches_reference_float32(case):
+    b, h, hk, lq, lk, d, dv, causal, block = case
+    gen = torch.Generator().manual_seed(lq * 100 + lk)
+    q, k, v = torch.randn(b, h, lq, d, generator=gen), torch.randn(b, hk, lk, d, generator=gen), torch.randn(b, hk, lk, dv, generator=gen)
+    alibi = ALiBi(h)
+    got = alibi_attention_blocked(q, k, v, alibi.slopes, causal=causal, block=block)
+    want = _numpy_reference(q, k, v, alibi.slopes.double().numpy(), causal)
+    np.testing.assert_allclose(got.double().numpy(), want, atol=1e-5, rtol=0)
+
+
+@given(alibi_case())
+def test_blocked_gradients_match_materialised_float64(case):
+    b, h, hk, lq, lk, d, dv, causal, block = case
+    gen = torch.Generator().manual_seed(lq * 7 + lk)
+    q = torch.randn(b, h, lq, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, hk, lk, d, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, hk, lk, dv, generator=gen, dtype=torch.float64, requires_grad=True)
+    alibi = ALiBi(h, learnable=True).double()
+    got = alibi_attention_blocked(q, k, v, alibi.slopes, causal=causal, block=block)
+    want = _materialised(q, k, v, alibi, causal)
+    grad = torch.randn(got.shape, generator=gen, dtype=torch.float64)
+    params = (q, k, v, alibi.log_slopes)
+    for g, w in zip(torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad)):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_blocked_gradcheck(causal):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 1, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    slopes = torch.tensor([0.5, 0.125], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: alibi_attention_blocked(*a, causal=causal, scale=0.7, block=4), (q, k, v, slopes))
+
+
+def test_long_context_precision_float32():
+    """Past the block size the appended (j - base) values stay small near the diagonal: still 1e-5 at L = 1500."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 1500, 16, generator=gen) for _ in range(3))
+    alibi = ALiBi(2)  # slopes 1/2 and 1/16: the steepest bias, the largest appended values
+    got = alibi_attention_blocked(q, k, v, alibi.slopes, causal=True)
+    want = _materialised(q.double(), k.double(), v.double(), alibi.double(), True)
+    assert (got.double() - want).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(2, 4, 8, 16), (1, 8, 300, 16)])  # materialised and blocked paths
+def test_attention_alibi_dispatch_matches_reference(shape):
+    b, h, seq, d = shape
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, seq, d, generator=gen)
+    k, v = torch.randn(b, h // 2, seq, d, generator=gen), torch.randn(b, h // 2, seq, d, generator=gen)
+    alibi = ALiBi(h)
+    expect = "materialise" if b * h * seq * seq <= MATERIALISE_MAX else "blocked"
+    assert alibi_backend(q, k) == expect
+    got = posenc.attention(q, k, v, bias=alibi, causal=True)
+    want = _numpy_reference(q, k, v, alibi.slopes.double().numpy(), True)
+    np.testing.assert_allclose(got.double().numpy(), want, atol=1e-5, rtol=0)
+
+
+def test_attention_alibi_kv_cache_decoding_bottom_right():
+    """Decoding: the last 3 queries of 40 positions see exactly what full causal attention gives those rows."""
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 40, 8, generator=gen) for _ in range(3))
+    alibi = ALiBi(4)
+    full = posenc.attention(q, k, v, bias=alibi, causal=True)
+    last = posenc.attention(q[:, :, -3:], k, v, bias=alibi, causal=True)
+    torch.testing.assert_close(last, full[:, :, -3:], rtol=0, atol=1e-6)
+    blocked = alibi_attention_blocked(q[:, :, -3:], k, v, alibi.slopes, causal=True, block=2)
+    torch.testing.assert_close(blocked, full[:, :, -3:], rtol=0, atol=1e-6)
+
+
+def test_attention_alibi_learnable_slopes_train_on_blocked_path():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 4, 200, 8, generator=gen, requires_grad=True) for _ in range(3))
+    alibi = ALiBi(4, learnable=True)
+    assert alibi_backend(q, k) == "blocked"
+    out = posenc.attention(q, k, v, bias=alibi)
+    out.square().sum().backward()
+    q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    alibi2 = ALiBi(4, learnable=True)
+    _materialised(q2, k2, v2, alibi2, True).square().sum().backward()
+    for a, b_ in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b_.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(alibi.log_slopes.grad, alibi2.log_slopes.grad, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("causal,q_len", [(True, 9), (True, 3), (False, 9)])
+def test_flex_score_mod_matches_materialised(causal, q_len):
+    """The score_mod the CUDA path compiles, run by FlexAttention's eager (unfused) CPU implementation."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, q_len, 8, generator=gen)
+    k, v = torch.randn(2, 2, 9, 8, generator=gen), torch.randn(2, 2, 9, 8, generator=gen)
+    alibi = ALiBi(4)
+    got = flex_attention(q, k, v, score_mod=alibi.score_mod(q_len, 9, causal), enable_gqa=True)
+    torch.testing.assert_close(got, _materialised(q, k, v, alibi, causal), rtol=0, atol=1e-5)
+
+
+def test_alibi_mask_mod_is_bottom_right_causal():
+    mask_mod = ALiBi(2).mask_mod(3, 5)
+    qi, kj = torch.arange(3)[:, None], torch.arange(5)[None, :]
+    assert torch.equal(mask_mod(0, 0, qi, kj), ALiBi(2).distance(3, 5) >= 0)
+
+
+def test_attention_rotary_matches_manual_rotation_and_sdpa():
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = torch.randn(2, 4, 7, 16, generator=gen), torch.randn(2, 2, 7, 16, generator=gen), torch.randn(2, 2, 7, 16, generator=gen)
+    rope = RotaryEmbedding(16, layout="half")
+    positions = torch.arange(3, 10)
+    got = posenc.attention(q, k, v, rotary=rope, positions=positions)
+    cos, sin = rope.cos_sin(7, positions)
+    qr, kr = rotate_eager(q, cos, sin, "half"), rotate_eager(k, cos, sin, "half")
+    want = F.scaled_dot_product_attention(qr, kr.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_blocked_alibi_memory_stays_linear():
+    """Forward and backward at L = 4096, 4 heads: a materialised bias alone would be 256 MiB; the peak RSS rise
+    of the blocked path must stay under 100 MiB (its buffers are O(L * head_dim))."""
+    child = textwrap.dedent(
+        """
+        import resource, torch, posenc
+        torch.set_num_threads(1)
+        from posenc.kernels.alibi_blocked import alibi_attention_blocked
+        small = [torch.randn(1, 4, 64, 16, requires_grad=True) for _ in range(3)]
+        alibi_attention_blocked(*small, posenc.ALiBi(4).slopes).sum().backward()
+        q, k, v = (torch.randn(1, 4, 4096, 16, requires_grad=True) for _ in range(3))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        alibi_attention_blocked(q, k, v, posenc.ALiBi(4).slopes).sum().backward()
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rise_mib = float(proc.stdout.strip().splitlines()[-1])
+    assert rise_mib < 100, f"peak RSS rose by {rise_mib:.0f} MiB"
+
+
+def test_attention_alibi_errors():
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="n_heads=3"):
+        posenc.attention(q, q, q, bias=ALiBi(3))
+    with pytest.raises(ValueError, match="q_len <= k_len"):
+        posenc.attention(q, q[:, :, :2], q[:, :, :2], bias=ALiBi(2), causal=False)
+    assert math.isfinite(float(posenc.attention(q, q, q, bias=ALiBi(2), causal=False).sum()))
