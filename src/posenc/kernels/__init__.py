@@ -28,13 +28,17 @@ __all__ = ["apply_rotary", "apply_rotary_qk", "triton_available", "RotaryFunctio
 
 
 @functools.lru_cache(maxsize=None)
-def triton_available() -> bool:
-    """True when Triton imports and a CUDA device exists (or the Triton interpreter is on)."""
+def _triton_importable() -> bool:
     try:
         import triton  # noqa: F401
     except Exception:
         return False
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    return True
+
+
+def triton_available() -> bool:
+    """True when Triton imports and a CUDA device exists (or the Triton interpreter is on)."""
+    return _triton_importable() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def _triton_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
