@@ -7,9 +7,11 @@ never allocates a temporary the size of x:
 * direct: interleaved pairs in float32/float64 are complex numbers already laid out in memory, so
   ``view_as_complex(x) * (cos + i sin)`` is one vectorised, multi-threaded pass over x (read x once,
   write out once: the memory-bandwidth floor). In place it is a single ``mul_``.
-* blocked: every other case (the "half" layout, bfloat16/float16, odd strides) walks the sequence in
-  blocks of ~64 Ki elements that stay in L2 cache, with a handful of out=/in-place torch ops per
-  block, so main memory still sees about one read of x and one write of out.
+* whole: out of place in float32/float64 otherwise (the "half" layout, odd strides): four whole-tensor ops,
+  a * cos and b * cos into out, then one fused multiply-add per half (about 2.5 passes over memory).
+* blocked: in place, and bfloat16/float16 (converted through a float32 scratch so that the arithmetic is
+  float32 with one rounding at the end): walk the sequence in blocks of ~128 Ki elements that stay in
+  cache, a handful of out=/in-place ops per block, so main memory sees about one read and one write.
 
 Besides the output a call allocates only O(seq * rotary_dim) tables and one cache-sized scratch block.
 """
@@ -77,7 +79,22 @@ def rotate_into(
             torch.mul(xc, table, out=torch.view_as_complex(out[..., :r].unflatten(-1, (h, 2))))
         return out
 
-    # Blocked path: walk the sequence axis in blocks small enough to stay in cache.
+    if x.dtype == work and out is not x:
+        # Out of place in float32/float64: three whole-tensor ops, out = x * [cos, cos] then one fused
+        # multiply-add per half. ~2.5 passes over x instead of the blocked path's one, but three thread
+        # barriers instead of hundreds: measured 2x faster than blocking on a loaded 2-core machine.
+        a, b = _pairs(x, r, layout)
+        oa, ob = _pairs(out, r, layout)
+        c, sn = cos.to(work), sin.to(work)
+        if conjugate:
+            sn = -sn
+        torch.mul(a, c, out=oa)
+        torch.mul(b, c, out=ob)
+        oa.addcmul_(b, -sn)
+        ob.addcmul_(a, sn)
+        return out
+
+    # Blocked path (in place, or half precision): walk the sequence axis in blocks that stay in cache.
     seq = x.shape[-2]
     lead = x.shape[:-2]
     lead_n = max(1, x[..., 0, 0].numel())
