@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 
@@ -60,9 +61,12 @@ def run_bench(args: argparse.Namespace) -> int:
     result = {
         "quick": bool(args.quick),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+                    "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "load_average_before": os.getloadavg()},
         "rope": [], "attention": [],
     }
+    # Other processes' load skews every timing here; say how busy the machine was.
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
     if args.only in (None, "rope"):
         result["rope"] = rope_bench.run(quick=args.quick, repeat=args.repeat)
         print(rope_bench.table(result["rope"]), flush=True)
@@ -72,6 +76,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(attn_bench.table(result["attention"]), flush=True)
         print()
     # Targets are about the full shapes; --quick is a smoke test of the machinery.
+    result["machine"]["load_average_after"] = os.getloadavg()
     result["targets"] = [] if args.quick else targets(result["rope"], result["attention"])
     if result["targets"]:
         print(_targets_table(result["targets"]))
