@@ -1,28 +1,26 @@
 """ALiBi attention in O(L) memory per head on the CPU, forward and backward, on torch's flash kernel.
 
-ALiBi (Press, Smith & Lewis 2021, arxiv.org/abs/2108.12409) adds -m_h |i - j| to score (i, j). Two facts
-make it cheap without ever forming a (heads, L, L) tensor:
+ALiBi (Press, Smith & Lewis 2021, arxiv.org/abs/2108.12409) adds -m_h |i - j| to score (i, j). Queries are
+processed in blocks of n; each block attends to its keys in two or three parts, every part one call of
+``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (the kernel behind
+``F.scaled_dot_product_attention`` on the CPU), so no (heads, L, L) tensor is ever formed:
 
-1. Left of the diagonal (j < i) the bias is m_h (j - b) - m_h (i - b) for any base b. The second term is
-   constant along a row, and softmax ignores row constants, so inside a block of queries starting at b
-   the bias of every earlier key is a *per-key* term m_h (j - b). A per-key term is a rank-one update of
-   the score matrix: append m_h / scale to each query and (j - b) to each key, and one more head-dim
-   column lets ``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` (the kernel behind
-   ``F.scaled_dot_product_attention`` on the CPU) compute the biased scores in cache-sized tiles. The
-   dropped row constant is added back to that part's log-sum-exp, exactly, in float32. The base moves with
-   the block, so the appended values stay small next to the diagonal, where the softmax mass is (a single
-   global base would put values of m * L ~ 10^4 into every score and lose ~1e-3 to rounding).
-   Right of the diagonal (non-causal encoders) the same holds with the sign flipped.
-2. The diagonal block (queries i in [b, b + n), keys in the same range) is square, so with a causal mask
-   its top-left alignment (the flash kernel's) equals the bottom-right one: it is one more flash call,
-   with the same per-key trick and the base in the middle of the block, so appended values stay within
-   m * n / 2 (n = 128: at most 32, rounding ~2e-6). Without a causal mask (encoders) |i - j| is not linear
-   inside the block; there the n x n block is computed exactly in plain torch.
+1. Keys left of the block. There the bias is m_h (j - b) - m_h (i - b) with b the block's first query. The
+   second term is constant along a row, and softmax ignores row constants, so the bias is a *per-key* term
+   m_h (j - b): a rank-one update of the scores. Appending m_h / scale to each query and (j - b) to each key
+   (one more head-dim column) makes the flash kernel add it tile by tile. The dropped row constant is added
+   back to this part's log-sum-exp, exactly. Next to the block, where the softmax mass is, the appended values
+   are small, so float32 rounding stays small (a single global base would put m * L ~ 10^4 into every score
+   and lose ~1e-3); far keys have large values but weights of order exp(-m * distance).
+2. The diagonal block (keys at the block's own positions): the exact (heads, n, n) bias with the causal
+   -inf, passed to the kernel as ``attn_mask``. It depends only on i - j, so one mask serves every block.
+3. Without a causal mask (encoders), keys right of the block, with the mirrored trick.
 
-The parts are merged with their log-sum-exps, as in flash-attention. Backward recomputes block by block with
-the flash kernel's own backward, given the merged output and log-sum-exp (so each part sees the global
-softmax), so memory stays O(L) per head in backward too. Learnable slopes get their gradient from two more
-appended columns: dq' of the (j - b) column is sum_j dS_ij (j - b), and of a column of ones is sum_j dS_ij.
+The parts are merged with their log-sum-exps, as in flash-attention. Backward calls the kernel's own backward
+per part with the merged output and log-sum-exp (so each part sees the global softmax): memory stays O(L) per
+head in backward too. Learnable slopes get their gradient from two more appended columns (dq' of the (j - b)
+column is sum_j dS_ij (j - b), of a column of ones sum_j dS_ij) and, for the diagonal block, from its
+(heads, n, n) score gradient recomputed in plain torch.
 
 Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache decoding).
 Grouped-query attention: k and v are expanded to q's heads once (O(L) memory).
@@ -38,10 +36,20 @@ import torch.nn.functional as F
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-# Queries per block. Larger blocks mean fewer flash calls (each has a fixed cost and, on a busy machine, a
-# thread barrier), but the diagonal block's appended values grow as m * n / 2 and lose precision; 128
-# keeps float32 rounding of the scores near the diagonal at ~2e-6.
-BLOCK = 128
+# Queries per block: as many as keep the diagonal mask (heads x n x n floats) within MASK_ELEMS, up to
+# MAX_BLOCK. The masked diagonal call cannot skip its upper triangle and runs ~3x slower per score than the
+# causal path, but every block costs ~10 ops, each of which can cost a scheduler time slice on a busy
+# machine. Measured side by side (8 heads, loaded 2-core CPU, time / causal SDPA): at L = 2048 blocks of
+# 128/256/512/1024 gave 7.2/4.5/3.4/3.5x, at L = 8192 2.3/1.5/1.6/1.4x: larger blocks win.
+MAX_BLOCK = 1024
+MASK_ELEMS = 1 << 23  # 32 MiB of float32
+
+
+def default_block(heads: int, q_len: int) -> int:
+    n = MAX_BLOCK
+    while n > 64 and heads * n * n > MASK_ELEMS:
+        n //= 2
+    return max(1, min(n, q_len))
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -77,34 +85,32 @@ class _Layout:
         return kb
 
 
-def _diag_scores(qb, kb, slopes, i_pos, j_pos, causal, scale, d):
-    """Exact biased scores (b, h, n, n) of a diagonal block, in the work dtype."""
-    s = torch.matmul(qb[..., :d], kb[..., :d].transpose(-1, -2)) * scale
-    dist = i_pos[:, None] - j_pos[None, :]
-    s = s - slopes.to(s.dtype)[None, :, None, None] * dist.abs()[None, None]
+def _diag_mask(slopes, n: int, causal: bool, dtype) -> torch.Tensor:
+    """The exact bias of a diagonal block, (1, heads, n, n): -m_h |i - j|, -inf above the diagonal if causal."""
+    rel = torch.arange(n, device=slopes.device, dtype=dtype)
+    dist = rel[:, None] - rel[None, :]
+    mask = -slopes.to(dtype)[:, None, None] * dist.abs()[None]
     if causal:
-        s = s.masked_fill((dist < 0)[None, None], -math.inf)
-    return s
+        mask = mask.masked_fill((dist < 0)[None], -math.inf)
+    return mask[None]
 
 
 def _blocks(lq: int, lk: int, causal: bool, block: int):
     """Yield (t0, t1, p0, p1, parts): query rows [t0, t1) at absolute positions [p0, p1) and their key parts.
 
-    A part is (j0, j1, base, sign, is_causal): keys [j0, j1) with appended column sign * (j - base), so that
-    the kernel's bias is m * sign * (j - base) and the true one is that plus the row constant
-    -m * sign * (i - base). With causal=False the diagonal block is left to the exact plain-torch path.
+    A part is (j0, j1, base, sign): keys [j0, j1) with appended column sign * (j - base), so that the kernel's
+    bias is m * sign * (j - base) and the true one is that plus the row constant -m * sign * (i - base).
+    ``sign == 0`` marks the diagonal block, which takes the exact mask instead.
     """
     shift = lk - lq
     for t0 in range(0, lq, block):
         t1 = min(lq, t0 + block)
         p0, p1 = shift + t0, shift + t1
-        parts = []
+        parts = [(p0, p1, p0, 0.0)]  # the diagonal block
         if p0 > 0:
-            parts.append((0, p0, p0, 1.0, False))  # keys left of the block: bias m (j - p0)
-        if causal:
-            parts.append((p0, p1, (p0 + p1 - 1) // 2, 1.0, True))  # the diagonal block, base at its middle
-        elif p1 < lk:
-            parts.append((p1, lk, p1, -1.0, False))  # keys right of the block: bias m (p1 - j)
+            parts.append((0, p0, p0, 1.0))  # keys left of the block: bias m (j - p0)
+        if not causal and p1 < lk:
+            parts.append((p1, lk, p1, -1.0))  # keys right of the block: bias m (p1 - j)
         yield t0, t1, p0, p1, parts
 
 
@@ -123,21 +129,23 @@ class BlockedALiBiAttention(torch.autograd.Function):
         lk = k.shape[2]
         work = lay.work
         sl = slopes.detach().to(work)
+        mask = _diag_mask(sl, min(block, lq), causal, work)
         ob = q.new_empty((b, h, lq, lay.e), dtype=work)
         lse = q.new_empty((b, h, lq), dtype=work)
         pos = torch.arange(lk, device=q.device, dtype=work)
         for t0, t1, p0, p1, parts in _blocks(lq, lk, causal, block):
             qb = lay.qb[:, :, t0:t1]
             i_pos = pos[p0:p1]
+            n = t1 - t0
             o_all = l_all = None
-            if not causal:  # diagonal block of an encoder: exact, in plain torch
-                s = _diag_scores(qb, lay.kb[:, :, p0:p1], sl, i_pos, i_pos, causal, scale, lay.d)
-                l_all = torch.logsumexp(s, dim=-1)
-                o_all = torch.matmul(torch.exp(s - l_all[..., None]), lay.vb[:, :, p0:p1])
-            for j0, j1, base, sign, part_causal in parts:
+            for j0, j1, base, sign in parts:
                 kp = lay.keys(j0, j1, base, sign)
-                o_p, l_p = _flash(qb, kp, lay.vb[:, :, j0:j1], is_causal=part_causal, scale=scale)
-                l_p = l_p.to(work) - sl[:, None] * _row_offset(i_pos, base, sign)[None, :]
+                if sign == 0.0:
+                    o_p, l_p = _flash(qb, kp, lay.vb[:, :, j0:j1], attn_mask=mask[..., :n, :n], scale=scale)
+                    l_p = l_p.to(work)
+                else:
+                    o_p, l_p = _flash(qb, kp, lay.vb[:, :, j0:j1], scale=scale)
+                    l_p = l_p.to(work) - sl[:, None] * _row_offset(i_pos, base, sign)[None, :]
                 if o_all is None:
                     o_all, l_all = o_p, l_p
                     continue
@@ -159,6 +167,8 @@ class BlockedALiBiAttention(torch.autograd.Function):
         hk, lk = k.shape[1], k.shape[2]
         work = lay.work
         sl = slopes.detach().to(work)
+        mask = _diag_mask(sl, min(block, lq), causal, work)
+        want_slopes = ctx.needs_input_grad[3]
         go = grad_out.new_zeros((b, h, lq, lay.e), dtype=work)
         go[..., : lay.dv] = grad_out
         dq = torch.zeros_like(lay.qb)
@@ -169,40 +179,43 @@ class BlockedALiBiAttention(torch.autograd.Function):
         for t0, t1, p0, p1, parts in _blocks(lq, lk, causal, block):
             qb, gob, obb, lb = lay.qb[:, :, t0:t1], go[:, :, t0:t1], ob[:, :, t0:t1], lse[:, :, t0:t1]
             i_pos = pos[p0:p1]
-            if not causal:  # diagonal block of an encoder, exact
-                delta = (gob * obb).sum(-1, keepdim=True)  # rowsum(dO * O), the softmax-backward term
-                kd, vd = lay.kb[:, :, p0:p1], lay.vb[:, :, p0:p1]
-                s = _diag_scores(qb, kd, sl, i_pos, i_pos, causal, scale, d)
-                p = torch.exp(s - lb[..., None])
-                ds = p * (torch.matmul(gob, vd.transpose(-1, -2)) - delta)
-                dq[:, :, t0:t1, :d] += torch.matmul(ds, kd[..., :d]) * scale
-                dk[:, :, p0:p1, :d] += torch.matmul(ds.transpose(-1, -2), qb[..., :d]) * scale
-                dv[:, :, p0:p1] += torch.matmul(p.transpose(-1, -2), gob)
-                dslopes -= (ds * (i_pos[:, None] - i_pos[None, :]).abs()).sum((-1, -2))
-            for j0, j1, base, sign, part_causal in parts:
-                # The kernel's scores lack the row constant c = -m * rel, so pass lse - c: P = exp(S_kernel + c - lse).
-                rel = _row_offset(i_pos, base, sign)
-                lp = (lb + sl[:, None] * rel[None, :]).contiguous()
+            n = t1 - t0
+            for j0, j1, base, sign in parts:
                 kp = lay.keys(j0, j1, base, sign)
-                dqp, dkp, dvp = _flash_bwd(gob, qb, kp, lay.vb[:, :, j0:j1], obb, lp, 0.0, part_causal, scale=scale)
+                vp = lay.vb[:, :, j0:j1]
+                if sign == 0.0:
+                    dm = mask[..., :n, :n]
+                    dqp, dkp, dvp = _flash_bwd(gob, qb, kp, vp, obb, lb.contiguous(), 0.0, False, attn_mask=dm, scale=scale)
+                    if want_slopes:  # d score / d m_h = -|i - j| on the diagonal block: recompute its dS
+                        s = torch.matmul(qb[..., :d], kp[..., :d].transpose(-1, -2)) * scale + dm
+                        p = torch.exp(s - lb[..., None])
+                        delta = (gob * obb).sum(-1, keepdim=True)
+                        ds = p * (torch.matmul(gob, vp.transpose(-1, -2)) - delta)
+                        dslopes -= (ds * (i_pos[:, None] - i_pos[None, :]).abs()).sum((-1, -2))
+                else:
+                    # The kernel's scores lack the row constant c = -m * rel: pass lse - c, so P = exp(S_kernel + c - lse).
+                    rel = _row_offset(i_pos, base, sign)
+                    lp = (lb + sl[:, None] * rel[None, :]).contiguous()
+                    dqp, dkp, dvp = _flash_bwd(gob, qb, kp, vp, obb, lp, 0.0, False, scale=scale)
+                    # d score_ij / d m_h = sign * (j - base) - rel_i: the appended column's and the ones column's dq'.
+                    dslopes += ((dqp[..., d] - rel * dqp[..., d + 1]) / scale).sum(-1)
                 dq[:, :, t0:t1, :d] += dqp[..., :d]
                 dk[:, :, j0:j1, :d] += dkp[..., :d]
                 dv[:, :, j0:j1] += dvp
-                # d score_ij / d m_h = sign * (j - base) - rel_i: the appended column's and the ones column's dq'.
-                dslopes += ((dqp[..., d] - rel * dqp[..., d + 1]) / scale).sum(-1)
         g = h // hk
         dk, dv = dk[..., :d], dv[..., : lay.dv]
         if g > 1:  # fold the expanded heads back onto their kv head
             dk = dk.unflatten(1, (hk, g)).sum(2)
             dv = dv.unflatten(1, (hk, g)).sum(2)
-        ds_out = dslopes.sum(0).to(slopes.dtype) if ctx.needs_input_grad[3] else None
+        ds_out = dslopes.sum(0).to(slopes.dtype) if want_slopes else None
         return dq[..., :d].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), ds_out, None, None, None
 
 
-def alibi_attention_blocked(q, k, v, slopes, *, causal: bool = True, scale: float | None = None, block: int = BLOCK):
+def alibi_attention_blocked(q, k, v, slopes, *, causal: bool = True, scale: float | None = None, block: int | None = None):
     """ALiBi attention without a materialised bias. q (B, H, Lq, D); k (B, Hk, Lk, D); v (B, Hk, Lk, Dv); slopes (H,).
 
     Returns (B, H, Lq, Dv) in q's dtype; differentiable in q, k, v and slopes.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    block = default_block(q.shape[1], q.shape[2]) if block is None else block
     return BlockedALiBiAttention.apply(q, k, v, slopes, causal, float(scale), int(block))
