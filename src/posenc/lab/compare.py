@@ -48,7 +48,7 @@ class Settings:
 
     train_len: int = 64
     eval_mults: tuple[int, ...] = (1, 2, 4, 8, 16)
-    steps: int = 600
+    steps: int = 1200
     batch_size: int = 16
     lr: float = 3e-3
     warmup: int = 50
