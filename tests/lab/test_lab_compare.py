@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from posenc.cli import main
 from posenc.lab.compare import PRESETS, Settings, markdown_table, ratio, settings_for
@@ -103,6 +104,9 @@ def test_settings_validation():
         (["eval", "{tmp}/empty"], "no checkpoint at"),
         (["sample", "{tmp}/empty"], "no checkpoint at"),
         (["train", "--encoding", "rope", "--out", "{tmp}/r", "--d-model", "30"], "d_model=30 must be a multiple"),
+        (["compare", "--out", "{tmp}/c", "--device", "tpu:0", "--preset", "tiny"], "device='tpu:0'"),
+        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:0"] if not torch.cuda.is_available()
+         else ["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:999"], "cuda"),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):

@@ -84,6 +84,13 @@ def cmd_train(args) -> int:
         model_cfg, train_cfg, args.out, corpus=args.corpus, cache_dir=args.cache_dir, resume=args.resume,
         ckpt_every=args.ckpt_every, device=args.device, progress=not args.no_progress, stop_after=args.stop_after,
     )
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # under torchrun: one line of output, and a clean shutdown
+        rank = dist.get_rank()
+        dist.destroy_process_group()
+        if rank != 0:
+            return 0
     if result.losses:
         step, loss = result.losses[-1]
         print(f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; checkpoint in {args.out}")
@@ -234,7 +241,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--preset", default="quick", choices=list(PRESETS),
                    help="quick: <10 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests")
     _data_args(p)
-    p.add_argument("--jobs", type=_positive_int, help="models trained in parallel (default: CPU cores, 1 on GPU)")
+    p.add_argument("--jobs", type=_positive_int, help="models trained in parallel (default on CPU: all at once, one thread each; 1 on GPU)")
     p.add_argument("--steps", type=_positive_int, help="override the preset's training steps")
     p.add_argument("--train-len", type=_positive_int, help="override the preset's training length")
     p.add_argument("--eval-mults", type=_int_list, help="evaluation lengths as multiples of the training length")

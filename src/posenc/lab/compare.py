@@ -36,7 +36,7 @@ from posenc.lab.data import load_corpus
 from posenc.lab.errors import LabError
 from posenc.lab.evaluate import check_lengths, evaluate
 from posenc.lab.model import ENCODINGS, GPTConfig
-from posenc.lab.train import TrainConfig, is_complete, load_model, train
+from posenc.lab.train import TrainConfig, check_device, is_complete, load_model, train
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 COMPARE_EXTENSIONS = ("pi", "ntk", "yarn")
@@ -193,6 +193,7 @@ def run_compare(
 ) -> CompareResult:
     """Train and evaluate every scheme of ``settings``, write the report files into ``out``."""
     t0 = time.perf_counter()
+    check_device(device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # Load once here: errors about the corpus surface before any worker starts, and the token cache is built once.

@@ -88,6 +88,21 @@ class TrainResult:
     out_dir: Path
 
 
+def check_device(device: str) -> torch.device:
+    """A torch device from its name, or a clear error when it is malformed or not present."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LabError(f"device={device!r} is not a device; allowed: cpu, cuda, cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise LabError(f"device={device!r} is not supported; allowed: cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LabError(f"device={device!r} was requested but CUDA is not available on this machine; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise LabError(f"device={device!r}: this machine has {torch.cuda.device_count()} cuda device(s)")
+    return dev
+
+
 def _dist_info() -> tuple[int, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -118,6 +133,7 @@ def _check_matches(saved: dict, wanted: dict, path: Path) -> None:
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
     """A trained model from a run directory or checkpoint directory, in eval mode, and its saved state."""
+    device = check_device(str(device))
     ckpt = resolve_checkpoint(path)
     tensors, state, _ = read_checkpoint(ckpt, with_optimizer=False)
     if "model" not in state:
@@ -165,7 +181,7 @@ def train(
     world, rank, local = _dist_info()
     if train_cfg.batch_size % world:
         raise LabError(f"batch_size={train_cfg.batch_size} must be divisible by the number of processes ({world})")
-    dev = torch.device(device)
+    dev = check_device(device)
     if dev.type == "cuda" and world > 1:
         dev = torch.device("cuda", local)
         torch.cuda.set_device(dev)
