@@ -76,7 +76,7 @@ def test_blocked_gradients_match_materialised_float64(case):
     want = _materialised(q, k, v, alibi, causal)
     grad = torch.randn(got.shape, generator=gen, dtype=torch.float64)
     params = (q, k, v, alibi.log_slopes)
-    for g, w in zip(torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad)):
+    for g, w in zip(torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad), strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 

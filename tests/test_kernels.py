@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posenc import RotaryEmbedding, reference
-from posenc.kernels import RotaryFunction, apply_rotary, apply_rotary_qk, rotate_into
-from posenc.kernels import rotary_torch
+from posenc.kernels import RotaryFunction, apply_rotary, apply_rotary_qk, rotary_torch, rotate_into
 from posenc.rotary import rotate_eager
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -110,7 +109,7 @@ def test_backward_is_custom_and_matches_eager():
     cos, sin = rope.cos_sin(7, offset=4)
     qe, ke = rotate_eager(q, cos, sin, "half"), rotate_eager(k, cos, sin, "half")
     want = torch.autograd.grad((qe, ke), (q, k), (gq, gk))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 

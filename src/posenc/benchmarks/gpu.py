@@ -66,17 +66,18 @@ def bench_rope(device, shapes, dtypes, repeat: int) -> list[dict]:
             k = torch.randn((b, max(1, h // 4), seq, d), device=device, dtype=dtype)  # GQA: 4 query heads per kv head
             dq, dk = torch.empty_like(q), torch.empty_like(k)
             nbytes = 2 * (q.nbytes + k.nbytes)
-            t_copy = _time(lambda: (dq.copy_(q), dk.copy_(k)), device, repeat)
+            t_copy = _time(lambda q=q, k=k, dq=dq, dk=dk: (dq.copy_(q), dk.copy_(k)), device, repeat)
             for layout in ("half", "interleaved"):
                 rope = RotaryEmbedding(d, layout=layout).to(device)
                 cos, sin = rope.cos_sin(seq, device=device)
+                args = (q, k, cos, sin)
                 with torch.no_grad():
-                    t_out = _time(lambda: apply_rotary_qk(q, k, cos, sin, layout=layout), device, repeat)
-                    t_in = _time(lambda: apply_rotary_qk(q, k, cos, sin, layout=layout, inplace=True), device, repeat)
-                qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+                    t_out = _time(lambda a=args, lay=layout: apply_rotary_qk(*a, layout=lay), device, repeat)
+                    t_in = _time(lambda a=args, lay=layout: apply_rotary_qk(*a, layout=lay, inplace=True), device, repeat)
+                grad_args = (q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_(), cos, sin)
 
-                def fwd_bwd():
-                    qo, ko = apply_rotary_qk(qg, kg, cos, sin, layout=layout)
+                def fwd_bwd(a=grad_args, lay=layout):
+                    qo, ko = apply_rotary_qk(*a, layout=lay)
                     torch.autograd.backward((qo, ko), (qo, ko))
 
                 t_fb = _time(fwd_bwd, device, repeat)
@@ -84,7 +85,7 @@ def bench_rope(device, shapes, dtypes, repeat: int) -> list[dict]:
                 if hf is not None:
                     cf = torch.cat((cos, cos), -1).to(dtype)[None]
                     sf = torch.cat((sin, sin), -1).to(dtype)[None]
-                    t_hf = _time(lambda: hf(q, k, cf, sf), device, repeat)
+                    t_hf = _time(lambda a=(q, k, cf, sf): hf(*a), device, repeat)
                 for mode, sec in (("out", t_out), ("inplace", t_in)):
                     rows.append({
                         "shape": list(shape), "k_heads": k.shape[1], "dtype": str(dtype).removeprefix("torch."),
@@ -107,13 +108,14 @@ def bench_alibi(device, lengths, heads: int, dim: int, repeat: int) -> list[dict
     for seq in lengths:
         q, k, v = (torch.randn(1, heads, seq, dim, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
                    for _ in range(3))
+        qkv = (q, k, v)
         cases = {
-            "posenc": lambda: attention(q, k, v, bias=alibi, causal=True),
-            "sdpa causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "posenc": lambda a=qkv: attention(*a, bias=alibi, causal=True),
+            "sdpa causal": lambda a=qkv: F.scaled_dot_product_attention(*a, is_causal=True),
         }
         if 3 * heads * seq * seq * q.element_size() < 0.5 * (torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 8 << 30):
-            cases["sdpa+bias"] = lambda: F.scaled_dot_product_attention(
-                q, k, v, attn_mask=alibi.bias(seq, seq, causal=True).to(q.dtype))
+            cases["sdpa+bias"] = lambda a=qkv, n=seq: F.scaled_dot_product_attention(
+                *a, attn_mask=alibi.bias(n, n, causal=True).to(a[0].dtype))
         ref = cases.get("sdpa+bias")
         if ref is not None and seq <= 4096:
             with torch.no_grad():

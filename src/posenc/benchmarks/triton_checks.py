@@ -96,11 +96,17 @@ def run_checks(device: str = "cpu") -> list[str]:
         q = randn(1, 2, 3, 8, dtype=torch.float64).to(dev).requires_grad_()
         k = randn(1, 1, 3, 8, dtype=torch.float64).to(dev).requires_grad_()
         offs = torch.tensor([2], device=dev)
-        if not torch.autograd.gradcheck(lambda a, b: RotaryTritonFunction.apply(a, b, cos64, sin64, interleaved, offs, None, None), (q, k)):
+        def fn(a, b, c=cos64, s=sin64, il=interleaved, o=offs):
+            return RotaryTritonFunction.apply(a, b, c, s, il, o, None, None)
+
+        if not torch.autograd.gradcheck(fn, (q, k)):
             failures.append(f"{layout} gradcheck")
         cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=dev)
         qp = randn(1, 5, 8, dtype=torch.float64).to(dev).requires_grad_()
-        if not torch.autograd.gradcheck(lambda a: RotaryTritonFunction.apply(a, None, cos64, sin64, interleaved, 0, cu, 3)[0], (qp,)):
+        def fn_varlen(a, c=cos64, s=sin64, il=interleaved, cu=cu):
+            return RotaryTritonFunction.apply(a, None, c, s, il, 0, cu, 3)[0]
+
+        if not torch.autograd.gradcheck(fn_varlen, (qp,)):
             failures.append(f"{layout} varlen gradcheck")
 
         # The module dispatches to Triton for these tensors and matches the eager math, gradients included.

@@ -27,7 +27,7 @@ from .rotary_torch import rotate_into
 __all__ = ["apply_rotary", "apply_rotary_qk", "triton_available", "RotaryFunction", "rotate_into"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _triton_importable() -> bool:
     try:
         import triton  # noqa: F401
@@ -88,7 +88,7 @@ def _rotate(xs, cos, sin, layout: str, *, conjugate: bool = False, inplace: bool
                                      conjugate=conjugate, inplace=inplace)[0]
                     for p in prepared
                 )
-            return tuple(o.view(x.shape) for o, x in zip(outs, xs))
+            return tuple(o.view(x.shape) for o, x in zip(outs, xs, strict=True))
     return tuple(rotate_into(x, cos, sin, x if inplace else torch.empty_like(x), layout, conjugate) for x in xs)
 
 
@@ -109,7 +109,7 @@ class RotaryFunction(torch.autograd.Function):
         # An output that was not used has no gradient; rotating zeros gives zeros, so stand them in.
         grads = tuple(
             g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
-            for g, (shape, dtype, device) in zip(grads, ctx.metas)
+            for g, (shape, dtype, device) in zip(grads, ctx.metas, strict=True)
         )
         return (None, None, None) + _rotate(grads, cos, sin, ctx.layout, conjugate=True)
 

@@ -35,7 +35,7 @@ def _complex_viewable(x: torch.Tensor) -> bool:
     """True when the rotary slice of x can be reinterpreted as complex numbers without a copy."""
     if x.stride(-1) != 1 or x.storage_offset() % 2:
         return False
-    return all(s % 2 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
+    return all(s % 2 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1], strict=True) if n > 1)
 
 
 def _pairs(x: torch.Tensor, r: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,7 @@ import triton.language as tl
 
 @triton.jit
 def _rotate_tile(
-    X, O, COS, SIN, CU_SEQLENS, SEQ_OFFSETS,
+    X, OUT, COS, SIN, CU_SEQLENS, SEQ_OFFSETS,
     pid_m, pid_b, head,
     seqlen, offset, table_len,
     sxb, sxh, sxm, sob, soh, som, scb, scm,
@@ -39,10 +39,10 @@ def _rotate_tile(
         start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
         seqlen = (tl.load(CU_SEQLENS + pid_b + 1).to(tl.int64) - start).to(tl.int32)
         x_base = X + start * sxm + head * sxh
-        o_base = O + start * som + head * soh
+        o_base = OUT + start * som + head * soh
     else:
         x_base = X + pid_b.to(tl.int64) * sxb + head * sxh
-        o_base = O + pid_b.to(tl.int64) * sob + head * soh
+        o_base = OUT + pid_b.to(tl.int64) * sob + head * soh
     if OFFSETS_TENSOR:
         offset = tl.load(SEQ_OFFSETS + pid_b)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -69,8 +69,8 @@ def _rotate_tile(
     x2 = tl.load(x_rows + i2[None, :], mask=mask, other=0.0).to(c.dtype)
     o1 = x1 * c - x2 * s
     o2 = x1 * s + x2 * c
-    tl.store(o_rows + i1[None, :], o1.to(O.dtype.element_ty), mask=mask)
-    tl.store(o_rows + i2[None, :], o2.to(O.dtype.element_ty), mask=mask)
+    tl.store(o_rows + i1[None, :], o1.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(o_rows + i2[None, :], o2.to(OUT.dtype.element_ty), mask=mask)
     if D_REST > 0:  # out of place with partial rotary: carry the unrotated tail over
         rp = tl.arange(0, BLOCK_P)
         pmask = row_ok[:, None] & (rp < D_REST)[None, :]
