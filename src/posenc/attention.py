@@ -32,6 +32,7 @@ __all__ = ["attention", "alibi_backend"]
 MATERIALISE_MAX = 1 << 18
 
 _compiled_flex = None
+_block_masks: dict = {}  # (q_len, k_len, device) -> causal BlockMask; it depends on nothing else
 
 
 def _flex():
@@ -61,7 +62,12 @@ def _alibi_attention(q, k, v, alibi: ALiBi, causal: bool, scale: float, enable_g
 
         block_mask = None
         if causal:
-            block_mask = create_block_mask(alibi.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device)
+            key = (q_len, k_len, str(q.device))
+            if key not in _block_masks:
+                if len(_block_masks) >= 16:
+                    _block_masks.clear()
+                _block_masks[key] = create_block_mask(alibi.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device)
+            block_mask = _block_masks[key]
         return _flex()(q, k, v, score_mod=alibi.score_mod(q_len, k_len, causal), block_mask=block_mask,
                        scale=scale, enable_gqa=enable_gqa)
     if backend == "materialise":

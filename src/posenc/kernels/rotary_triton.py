@@ -180,7 +180,9 @@ def rotary_qk_triton(
     kk, kko = (k, ko) if k is not None else (q, qo)  # unused pointers when heads_k == 0
     d_rest = 0 if inplace else head_dim - 2 * r_half
     block_h = max(triton.next_power_of_2(r_half), 2)
-    block_m = 4 if block_h >= 128 else 8
+    # ~2048 elements per program (e.g. 32 rows x 64 pairs): enough bytes in flight per SM to stream HBM.
+    # Untuned on hardware so far: benchmarks/gpu_check.sh reports the resulting share of HBM bandwidth.
+    block_m = max(4, min(64, 2048 // block_h))
     grid = (triton.cdiv(max(seqlen, 1), block_m), heads_q + heads_k, batch)
     _rope_qk_kernel[grid](
         q, kk, qo, kko, cos, sin, cu_seqlens if varlen else cos, offs,
