@@ -144,3 +144,14 @@ def test_out_of_place_leaves_inputs_alone():
     q0, k0 = q.clone(), k.clone()
     rope(q, k)
     assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+@pytest.mark.parametrize("shape", [(2, 3), (4, 16, 256, 128)])  # below and above the huge-page threshold
+def test_empty_output_is_a_plain_writable_tensor_like_x(shape):
+    from posenc.kernels import empty_output
+
+    x = torch.randn(shape).transpose(0, 1)
+    out = empty_output(x)
+    assert out.shape == x.shape and out.dtype == x.dtype and out.stride() == x.stride()
+    out.copy_(x)
+    assert torch.equal(out, x)

@@ -17,8 +17,10 @@ than the direct path while costing ~30 s of first-call compile on a 2-core machi
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import sys
 
 import torch
 
@@ -39,6 +41,47 @@ def _triton_importable() -> bool:
 def triton_available() -> bool:
     """True when Triton imports and a CUDA device exists (or the Triton interpreter is on)."""
     return _triton_importable() and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14  # Linux
+_HUGE_MIN_BYTES = 4 << 20
+
+
+@functools.cache
+def _madvise():
+    """libc's madvise, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def empty_output(x: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like(x)``; on the CPU, large outputs are advised onto transparent huge pages.
+
+    A fresh multi-MiB CPU tensor is backed by new pages that fault in one 4 KiB page at a time on first
+    write; on the machine this was measured on, that cost more than the rotation itself (64 MiB: ~36 ms to
+    fault in against ~8 ms to copy). ``madvise(MADV_HUGEPAGE)`` on the untouched buffer lets the kernel back
+    it with 2 MiB pages instead (measured ~14 ms). It only affects this buffer, and is skipped where
+    unavailable (then it is plain ``empty_like``).
+    """
+    out = torch.empty_like(x)
+    if out.device.type != "cpu" or out.nbytes < _HUGE_MIN_BYTES:
+        return out
+    madvise = _madvise()
+    if madvise is not None:
+        start = -(-out.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
+        end = (out.data_ptr() + out.nbytes) // _HUGE_PAGE * _HUGE_PAGE
+        if end > start:
+            madvise(start, end - start, _MADV_HUGEPAGE)  # advice only: a failure changes nothing
+    return out
 
 
 def _triton_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -89,7 +132,7 @@ def _rotate(xs, cos, sin, layout: str, *, conjugate: bool = False, inplace: bool
                     for p in prepared
                 )
             return tuple(o.view(x.shape) for o, x in zip(outs, xs, strict=True))
-    return tuple(rotate_into(x, cos, sin, x if inplace else torch.empty_like(x), layout, conjugate) for x in xs)
+    return tuple(rotate_into(x, cos, sin, x if inplace else empty_output(x), layout, conjugate) for x in xs)
 
 
 class RotaryFunction(torch.autograd.Function):
