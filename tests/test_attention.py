@@ -204,3 +204,18 @@ def test_attention_alibi_errors():
     with pytest.raises(ValueError, match="q_len <= k_len"):
         posenc.attention(q, q[:, :, :2], q[:, :, :2], bias=ALiBi(2), causal=False)
     assert math.isfinite(float(posenc.attention(q, q, q, bias=ALiBi(2), causal=False).sum()))
+
+
+def test_blocked_errors_name_the_argument():
+    q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
+    slopes = ALiBi(4).slopes
+    with pytest.raises(ValueError, match=r"slopes must be a tensor of shape \(4,\), got \(3,\)"):
+        alibi_attention_blocked(q, k, k, slopes[:3])
+    with pytest.raises(ValueError, match="block must be an integer >= 1, got 0"):
+        alibi_attention_blocked(q, k, k, slopes, block=0)
+    with pytest.raises(ValueError, match="q_len must be <= k_len"):
+        alibi_attention_blocked(q, k[:, :, :3], k[:, :, :3], slopes)
+    with pytest.raises(ValueError, match="kv_heads dividing heads"):
+        alibi_attention_blocked(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), slopes)
+    with pytest.raises(ValueError, match="v must be a floating tensor"):
+        alibi_attention_blocked(q, k, k[0], slopes)

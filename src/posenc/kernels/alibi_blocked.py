@@ -216,6 +216,21 @@ def alibi_attention_blocked(q, k, v, slopes, *, causal: bool = True, scale: floa
 
     Returns (B, H, Lq, Dv) in q's dtype; differentiable in q, k, v and slopes.
     """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    b, h, lq, d = q.shape
+    if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or h % k.shape[1]:
+        raise ValueError(f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
+                         f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if lq > k.shape[2]:
+        raise ValueError(f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}")
+    if not isinstance(slopes, torch.Tensor) or slopes.shape != (h,):
+        raise ValueError(f"slopes must be a tensor of shape ({h},), got "
+                         f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}")
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     block = default_block(q.shape[1], q.shape[2]) if block is None else block
     return BlockedALiBiAttention.apply(q, k, v, slopes, causal, float(scale), int(block))
