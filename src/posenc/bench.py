@@ -107,7 +107,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke test")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
     p.add_argument("--only", choices=("rope", "attention"), help="run one half only")
-    p.add_argument("--repeat", type=_repeat, help="timed repetitions per case (default 7 for RoPE, 3 for attention)")
+    p.add_argument("--repeat", type=_repeat, help="timed repetitions per case (default 11 for RoPE, 3 for attention)")
     p.set_defaults(func=run_bench)
 
 

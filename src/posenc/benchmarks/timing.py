@@ -7,8 +7,9 @@ import time
 from collections.abc import Callable
 
 
-def interleaved_medians(cases: dict[str, Callable[[], object]], repeat: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call of each case, run round-robin so that load from other processes hits all alike."""
+def interleaved_times(cases: dict[str, Callable[[], object]], repeat: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each case, ``repeat`` times, run round-robin so that load from other processes
+    hits all cases alike."""
     for _ in range(warmup):
         for fn in cases.values():
             fn()
@@ -18,4 +19,9 @@ def interleaved_medians(cases: dict[str, Callable[[], object]], repeat: int, war
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_medians(cases: dict[str, Callable[[], object]], repeat: int, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per call of each case (see :func:`interleaved_times`)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(cases, repeat, warmup).items()}
