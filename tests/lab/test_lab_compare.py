@@ -92,6 +92,8 @@ def test_settings_validation():
         settings_for("huge")
     with pytest.raises(LabError, match=r"unknown \['t5'\]"):
         Settings(schemes=("rope", "t5"))
+    with pytest.raises(LabError, match=r"unknown \['rerope'\]; allowed: pi, ntk, dynamic, yarn"):
+        Settings(extensions=("pi", "rerope"))
     assert settings_for("quick", steps=None).steps == PRESETS["quick"].steps
     assert settings_for("quick", steps=7).steps == 7
 

@@ -34,7 +34,7 @@ import torch
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.data import load_corpus
 from posenc.lab.errors import LabError
-from posenc.lab.evaluate import check_lengths, evaluate
+from posenc.lab.evaluate import EXTENSIONS, check_lengths, perplexities
 from posenc.lab.model import ENCODINGS, GPTConfig
 from posenc.lab.train import TrainConfig, check_device, is_complete, load_model, train
 
@@ -65,6 +65,9 @@ class Settings:
         unknown = [s for s in self.schemes if s not in ENCODINGS]
         if unknown or not self.schemes:
             raise LabError(f"schemes={list(self.schemes)!r}: unknown {unknown}; allowed: {', '.join(sorted(ENCODINGS))}")
+        bad = [e for e in self.extensions if e not in EXTENSIONS]
+        if bad:
+            raise LabError(f"extensions={list(self.extensions)!r}: unknown {bad}; allowed: {', '.join(EXTENSIONS)}")
         check_lengths("eval_mults", self.eval_mults)
         for name in ("train_len", "eval_tokens"):
             v = getattr(self, name)
@@ -114,45 +117,50 @@ def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _train_and_eval(scheme: str, s: Settings, out: str, corpus: str | None, cache_dir: str | None, device: str, events):
-    """One scheme end to end (runs in a worker process). Returns its result rows as dicts."""
+def _train_and_eval(
+    scheme: str, s: Settings, out: str, corpus: str | None, cache_dir: str | None, device: str, events,
+    extension: str | None = None,
+) -> dict:
+    """One task in a worker process: train a scheme (if needed) and evaluate its own row, or, with
+    ``extension``, evaluate an already trained RoPE model with that eval-time extension. Returns the row.
+
+    Each row is saved under ``models/<scheme>/`` keyed by the settings, so a rerun skips it.
+    """
     run_dir = Path(out) / "models" / scheme
-    eval_path = run_dir / "eval.json"
+    label = scheme + (f"+{extension}" if extension else "")
+    eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
     key = {"settings": _settings_json(s), "corpus": corpus}
     if eval_path.exists():
         saved = json.loads(eval_path.read_text())
         if saved.get("key") == key:
-            events.put(("done", scheme, "cached"))
-            return saved["rows"]
+            events.put(("done", label, "cached"))
+            return saved["row"]
     data = load_corpus(corpus, cache_dir=cache_dir)
     t0 = time.perf_counter()
-    if not is_complete(run_dir, s.steps):
+    if extension is None and not is_complete(run_dir, s.steps):
         train(
             s.model_config(scheme), s.train_config(), run_dir, corpus=data, resume=True, ckpt_every=s.ckpt_every,
             device=device, progress=False, callback=lambda step, loss, tps: events.put(("step", scheme, step, loss, tps)),
         )
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, device)
-    events.put(("eval", scheme, None))
+    events.put(("eval", label, None))
     t1 = time.perf_counter()
-    rows = evaluate(
-        model, data.val, s.eval_lens, train_len=s.train_len, max_tokens=s.eval_tokens, extensions=s.extensions,
-        progress=lambda label: events.put(("eval", scheme, label)),
+    r = perplexities(
+        model, data.val, s.eval_lens, train_len=s.train_len, max_tokens=s.eval_tokens, extension=extension,
+        progress=lambda what: events.put(("eval", label, what.split(" @ ")[-1])),
     )
-    result = [
-        {
-            "scheme": r.scheme,
-            "ppl": {str(k): v for k, v in r.ppl.items()},
-            "ppl_past": {str(k): v for k, v in r.ppl_past.items()},
-            "note": r.note,
-            "train_s": round(train_s, 1),
-            "eval_s": round(time.perf_counter() - t1, 1),
-        }
-        for r in rows
-    ]
-    write_text_atomic(eval_path, json.dumps({"key": key, "rows": result}, indent=2))
-    events.put(("done", scheme, None))
-    return result
+    row = {
+        "scheme": r.scheme,
+        "ppl": {str(k): v for k, v in r.ppl.items()},
+        "ppl_past": {str(k): v for k, v in r.ppl_past.items()},
+        "note": r.note,
+        "train_s": round(train_s, 1),
+        "eval_s": round(time.perf_counter() - t1, 1),
+    }
+    write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
+    events.put(("done", label, None))
+    return row
 
 
 def _settings_json(s: Settings) -> dict:
@@ -212,32 +220,36 @@ def run_compare(
         raise LabError(f"jobs={jobs!r} must be a positive integer")
     threads = max(1, cores // jobs) if device == "cpu" else torch.get_num_threads()
 
-    # Costliest first, so the last worker to finish is not holding the longest job (RoPE evaluates 4 variants).
+    # RoPE first (it has extension evaluations to follow); its extensions are separate tasks, queued as
+    # soon as it is trained, so they run in parallel instead of one after another in one worker.
     order = sorted(settings.schemes, key=lambda s: (s != "rope", s != "alibi", s == "learned", s))
+    followups = {"rope": list(settings.extensions)} if "rope" in settings.schemes else {}
     display = _Progress(settings, order, enabled=progress)
-    rows_by_scheme: dict[str, list[dict]] = {}
+    rows: dict[tuple[str, str | None], dict] = {}
+    common = (settings, str(out), corpus, cache_dir, device)
     if jobs == 1:
         sink = _InlineQueue(display.handle)
         for scheme in order:
-            rows_by_scheme[scheme] = _train_and_eval(scheme, settings, str(out), corpus, cache_dir, device, sink)
+            rows[scheme, None] = _train_and_eval(scheme, *common, sink)
+            for ext in followups.get(scheme, []):
+                rows[scheme, ext] = _train_and_eval(scheme, *common, sink, ext)
     else:
         ctx = mp.get_context("spawn")
         with ctx.Manager() as manager:
             events = manager.Queue()
             with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
-                futures = {
-                    pool.submit(_train_and_eval, s, settings, str(out), corpus, cache_dir, device, events): s
-                    for s in order
-                }
-                pending = set(futures)
-                while pending:
+                tasks = {pool.submit(_train_and_eval, sc, *common, events): (sc, None) for sc in order}
+                while tasks:
                     try:
                         display.handle(events.get(timeout=0.5))
                     except queue.Empty:
                         pass
-                    for f in [f for f in pending if f.done()]:
-                        pending.discard(f)
-                        rows_by_scheme[futures[f]] = f.result()  # re-raises a worker's error here
+                    for f in [f for f in tasks if f.done()]:
+                        scheme, ext = tasks.pop(f)
+                        rows[scheme, ext] = f.result()  # re-raises a worker's error here
+                        if ext is None:
+                            for follow in followups.get(scheme, []):
+                                tasks[pool.submit(_train_and_eval, scheme, *common, events, follow)] = (scheme, follow)
                 while True:
                     try:
                         display.handle(events.get_nowait())
@@ -245,9 +257,9 @@ def run_compare(
                         break
     display.close()
 
-    rows = [r for scheme in settings.schemes for r in rows_by_scheme[scheme]]
+    ordered = [rows[sc, ext] for sc in settings.schemes for ext in [None, *followups.get(sc, [])]]
     wall = time.perf_counter() - t0
-    result = CompareResult(settings=settings, rows=rows, wall_s=wall, out=out)
+    result = CompareResult(settings=settings, rows=ordered, wall_s=wall, out=out)
     write_reports(result, corpus_path, device)
     return result
 
