@@ -10,6 +10,8 @@ from ._checks import PositionError
 
 __all__ = ["SinusoidalEncoding", "LearnedEmbedding", "NoPositionalEncoding"]
 
+_CACHE_LIMIT = 1 << 16  # positions past this are computed per call instead of growing the table
+
 
 def _check_input(x: torch.Tensor, d_model: int) -> None:
     _checks.tensor_rank("x", x, 2)
@@ -22,8 +24,8 @@ class SinusoidalEncoding(nn.Module):
 
     PE[p, 2k] = sin(p * omega_k), PE[p, 2k+1] = cos(p * omega_k), omega_k = base^(-2k/d_model).
     No parameters, defined at every position. The table is computed in float64 (so it stays accurate
-    at large offsets), kept as a float32 non-persistent buffer that grows on demand, and cast to the
-    input's dtype when added.
+    at large offsets), kept as a float32 non-persistent buffer that grows on demand (up to 65,536 positions;
+    farther rows are computed per call), and cast to the input's dtype when added.
 
     Args:
         d_model: embedding width, even.
@@ -44,20 +46,22 @@ class SinusoidalEncoding(nn.Module):
     def table(self, length: int, offset: int = 0, device=None) -> torch.Tensor:
         """The encoding of positions offset .. offset+length-1, shape (length, d_model), float32."""
         _checks.non_negative_int("offset", offset)
+        device = self.pe.device if device is None else device
         end = offset + length
-        if end > self.pe.shape[0]:
-            self._grow(end, device if device is not None else self.pe.device)
+        if end > _CACHE_LIMIT:  # a table reaching far positions would take gigabytes: compute just these rows
+            return self._encode(torch.arange(offset, end, device=device))
+        if end > self.pe.shape[0] or self.pe.device != torch.device(device):
+            self.pe = self._encode(torch.arange(max(end, 2 * self.pe.shape[0], 256), device=device))
         return self.pe[offset:end]
 
-    def _grow(self, needed: int, device) -> None:
-        size = max(needed, 2 * self.pe.shape[0], 256)
-        positions = torch.arange(size, dtype=torch.float64, device=device)
-        k = torch.arange(0, self.d_model, 2, dtype=torch.float64, device=device)
-        angles = positions[:, None] * self.base ** (-k / self.d_model)
-        pe = torch.empty(size, self.d_model, dtype=torch.float64, device=device)
+    def _encode(self, positions: torch.Tensor) -> torch.Tensor:
+        """(n,) positions -> (n, d_model) float32, angles formed in float64."""
+        k = torch.arange(0, self.d_model, 2, dtype=torch.float64, device=positions.device)
+        angles = positions.to(torch.float64)[:, None] * self.base ** (-k / self.d_model)
+        pe = torch.empty(len(positions), self.d_model, dtype=torch.float64, device=positions.device)
         pe[:, 0::2] = torch.sin(angles)
         pe[:, 1::2] = torch.cos(angles)
-        self.pe = pe.to(torch.float32)
+        return pe.to(torch.float32)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         _check_input(x, self.d_model)
