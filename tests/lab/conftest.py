@@ -4,7 +4,21 @@ import random
 
 import pytest
 
-_WORDS = ("def", "return", "self", "value", "index", "for", "in", "if", "else", "None", "True", "import", "class")
+_WORDS = (
+    "def",
+    "return",
+    "self",
+    "value",
+    "index",
+    "for",
+    "in",
+    "if",
+    "else",
+    "None",
+    "True",
+    "import",
+    "class",
+)
 
 
 def make_corpus(root, n_files=8, lines=120, seed=0):

@@ -15,8 +15,20 @@ from posenc.lab.errors import LabError
 def compared(corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     cache = tmp_path_factory.mktemp("cache")
-    args = ["compare", "--preset", "tiny", "--out", str(out), "--corpus", str(corpus_dir), "--cache-dir", str(cache),
-            "--jobs", "1", "--no-progress"]
+    args = [
+        "compare",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(cache),
+        "--jobs",
+        "1",
+        "--no-progress",
+    ]
     assert main(args) == 0
     return out, cache, args
 
@@ -68,8 +80,22 @@ def test_compare_resumes_by_skipping_finished_models(compared, capsys):
 
 def test_compare_with_two_worker_processes_gives_the_same_numbers(compared, corpus_dir, tmp_path):
     out, cache, _ = compared
-    args = ["compare", "--preset", "tiny", "--out", str(tmp_path), "--corpus", str(corpus_dir), "--cache-dir",
-            str(cache), "--jobs", "2", "--no-progress", "--schemes", "rope,alibi"]
+    args = [
+        "compare",
+        "--preset",
+        "tiny",
+        "--out",
+        str(tmp_path),
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(cache),
+        "--jobs",
+        "2",
+        "--no-progress",
+        "--schemes",
+        "rope,alibi",
+    ]
     assert main(args) == 0
     two = {r["scheme"]: r["ppl"] for r in json.loads((tmp_path / "results.json").read_text())["results"]}
     one = {r["scheme"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["results"]}
@@ -79,8 +105,10 @@ def test_compare_with_two_worker_processes_gives_the_same_numbers(compared, corp
 
 
 def test_ratio_and_table_formatting():
-    rows = [{"scheme": "a", "ppl": {"8": 2.0, "32": 3.0}, "note": None},
-            {"scheme": "b", "ppl": {"8": 2.0, "32": None}, "note": "n/a | why"}]
+    rows = [
+        {"scheme": "a", "ppl": {"8": 2.0, "32": 3.0}, "note": None},
+        {"scheme": "b", "ppl": {"8": 2.0, "32": None}, "note": "n/a | why"},
+    ]
     assert ratio(rows[0], 32, 8) == 1.5 and ratio(rows[1], 32, 8) is None
     table = markdown_table(rows, [8, 32], 8)
     assert "| a | 2.00 | 3.00 | 1.500 |  |" in table
@@ -105,10 +133,17 @@ def test_settings_validation():
         (["compare", "--out", "{tmp}/c", "--schemes", "rope,t5", "--preset", "tiny"], "unknown ['t5']"),
         (["eval", "{tmp}/empty"], "no checkpoint at"),
         (["sample", "{tmp}/empty"], "no checkpoint at"),
-        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--d-model", "30"], "d_model=30 must be a multiple"),
+        (
+            ["train", "--encoding", "rope", "--out", "{tmp}/r", "--d-model", "30"],
+            "d_model=30 must be a multiple",
+        ),
         (["compare", "--out", "{tmp}/c", "--device", "tpu:0", "--preset", "tiny"], "device='tpu:0'"),
-        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:0"] if not torch.cuda.is_available()
-         else ["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:999"], "cuda"),
+        (
+            ["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:0"]
+            if not torch.cuda.is_available()
+            else ["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:999"],
+            "cuda",
+        ),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
@@ -131,12 +166,54 @@ def test_cli_rejects_unknown_encoding_and_bad_lengths(capsys):
 def test_cli_train_eval_sample_round_trip(corpus_dir, tmp_path, capsys):
     run = tmp_path / "run"
     base = ["--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache")]
-    assert main(["train", "--encoding", "learned", "--out", str(run), "--train-len", "16", "--n-layer", "1",
-                 "--n-head", "2", "--d-model", "16", "--steps", "3", "--batch-size", "2", "--no-progress", *base]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--encoding",
+                "learned",
+                "--out",
+                str(run),
+                "--train-len",
+                "16",
+                "--n-layer",
+                "1",
+                "--n-head",
+                "2",
+                "--d-model",
+                "16",
+                "--steps",
+                "3",
+                "--batch-size",
+                "2",
+                "--no-progress",
+                *base,
+            ]
+        )
+        == 0
+    )
     assert "trained learned to step 3" in capsys.readouterr().out
     report = tmp_path / "eval.json"
-    assert main(["eval", str(run), "--lens", "16,32", "--eval-tokens", "64", "--passkey-lens", "120",
-                 "--passkey-trials", "1", "--json", str(report), *base]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run),
+                "--lens",
+                "16,32",
+                "--eval-tokens",
+                "64",
+                "--passkey-lens",
+                "120",
+                "--passkey-trials",
+                "1",
+                "--json",
+                str(report),
+                *base,
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "| learned |" in text and "n/a" in text
     data = json.loads(report.read_text())

@@ -112,7 +112,7 @@ def test_batch_is_deterministic_shifted_and_step_dependent():
 def test_batch_rows_are_windows_of_the_corpus():
     tokens = np.arange(5000, dtype=np.int64)  # every value unique: a row's first value is its start
     x, y = batch_at(tokens, 0, batch_size=8, seq_len=16, seed=0)
-    for row, target in zip(x, y):
+    for row, target in zip(x, y, strict=True):
         s = int(row[0])
         assert row.tolist() == list(range(s, s + 16))
         assert target.tolist() == list(range(s + 1, s + 17))

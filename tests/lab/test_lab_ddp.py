@@ -42,8 +42,20 @@ def test_two_process_ddp_ranks_agree_and_match_single_process(corpus_dir, tmp_pa
     script.write_text(SCRIPT)
     out, cache = tmp_path / "ddp", tmp_path / "cache"
     load_corpus(corpus_dir, cache_dir=cache)  # build the token cache once, before two ranks race for it
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           str(script), str(out), str(corpus_dir), str(cache), json.dumps(MODEL), json.dumps(OPT)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--standalone",
+        str(script),
+        str(out),
+        str(corpus_dir),
+        str(cache),
+        json.dumps(MODEL),
+        json.dumps(OPT),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -53,8 +65,14 @@ def test_two_process_ddp_ranks_agree_and_match_single_process(corpus_dir, tmp_pa
 
     # Each rank trains on its half of the same global batch, so the run equals one process on the
     # whole batch, up to the order of float additions in the gradient all-reduce.
-    single = train(GPTConfig(**MODEL), TrainConfig(**OPT), tmp_path / "single", corpus=corpus_dir, cache_dir=cache,
-                   progress=False)
+    single = train(
+        GPTConfig(**MODEL),
+        TrainConfig(**OPT),
+        tmp_path / "single",
+        corpus=corpus_dir,
+        cache_dir=cache,
+        progress=False,
+    )
     ddp_weights = load_file(latest_checkpoint(out) / "model.safetensors")
     for k, v in single.model.state_dict().items():
         torch.testing.assert_close(ddp_weights[k], v, rtol=1e-4, atol=1e-5)

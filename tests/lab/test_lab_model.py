@@ -125,7 +125,10 @@ def test_linear_scaling_equals_rotating_at_divided_positions():
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"encoding": "xpos"}, "encoding='xpos' is not known; allowed: alibi, learned, none, rope, sinusoidal"),
+        (
+            {"encoding": "xpos"},
+            "encoding='xpos' is not known; allowed: alibi, learned, none, rope, sinusoidal",
+        ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),
     ],

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -46,7 +45,7 @@ def test_lr_schedule_warmup_then_cosine_to_floor():
     assert lr_at(60, cfg) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the cosine
     assert lr_at(110, cfg) == pytest.approx(0.1)
     values = [lr_at(s, cfg) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(a >= b for a, b in zip(values[:-1], values[1:], strict=True))
 
 
 def test_training_lowers_the_loss(corpus, tmp_path):
@@ -60,7 +59,9 @@ def test_training_is_deterministic(corpus, tmp_path):
     a = train(MODEL, OPT, tmp_path / "a", corpus=corpus, progress=False)
     b = train(MODEL, OPT, tmp_path / "b", corpus=corpus, progress=False)
     assert_identical(weights(a.model), weights(b.model))
-    c = train(MODEL, TrainConfig(**{**OPT.__dict__, "seed": 2}), tmp_path / "c", corpus=corpus, progress=False)
+    c = train(
+        MODEL, TrainConfig(**{**OPT.__dict__, "seed": 2}), tmp_path / "c", corpus=corpus, progress=False
+    )
     assert not torch.equal(a.model.tok.weight, c.model.tok.weight)
 
 
@@ -75,7 +76,7 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(corpus, tmp_path, stop)
     # the optimizer state too: the saved final checkpoints agree tensor for tensor
     _, _, opt_a = read_checkpoint(latest_checkpoint(tmp_path / "full"))
     _, _, opt_b = read_checkpoint(latest_checkpoint(tmp_path / "part"))
-    for sa, sb in zip(opt_a["state"].values(), opt_b["state"].values()):
+    for sa, sb in zip(opt_a["state"].values(), opt_b["state"].values(), strict=True):
         for key in sa:
             assert torch.equal(sa[key], sb[key])
 
@@ -89,11 +90,20 @@ def test_existing_run_without_resume_is_refused(corpus, tmp_path):
 def test_mismatched_config_is_refused_on_resume(corpus, tmp_path):
     train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, stop_after=2)
     other = GPTConfig(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
-    with pytest.raises(CheckpointError, match="different configuration.*model.encoding: checkpoint has 'rope', requested 'alibi'"):
+    with pytest.raises(
+        CheckpointError,
+        match="different configuration.*model.encoding: checkpoint has 'rope', requested 'alibi'",
+    ):
         train(other, OPT, tmp_path / "run", corpus=corpus, progress=False, resume=True)
     with pytest.raises(CheckpointError, match="train.lr"):
-        train(MODEL, TrainConfig(**{**OPT.__dict__, "lr": 5e-3}), tmp_path / "run", corpus=corpus, progress=False,
-              resume=True)
+        train(
+            MODEL,
+            TrainConfig(**{**OPT.__dict__, "lr": 5e-3}),
+            tmp_path / "run",
+            corpus=corpus,
+            progress=False,
+            resume=True,
+        )
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
@@ -123,7 +133,12 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 def test_checkpoint_holds_safetensors_weights_and_json_config(corpus, tmp_path):
     r = train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False)
     ckpt = latest_checkpoint(tmp_path / "run")
-    assert sorted(p.name for p in ckpt.iterdir()) == ["manifest.json", "model.safetensors", "optimizer.pt", "state.json"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "manifest.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "state.json",
+    ]
     tensors = load_file(ckpt / "model.safetensors")
     for k, v in r.model.state_dict().items():
         assert torch.equal(tensors[k], v)
@@ -133,12 +148,16 @@ def test_checkpoint_holds_safetensors_weights_and_json_config(corpus, tmp_path):
     x = torch.randint(0, 256, (1, 8))
     assert torch.equal(model(x), r.model(x))
     # only one complete checkpoint is kept, and no temporary directories are left behind
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["latest", f"step-{OPT.steps:07d}"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "latest",
+        f"step-{OPT.steps:07d}",
+    ]
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     model = GPT(MODEL)
     save_checkpoint(tmp_path, 1, model, None, {"model": MODEL.to_dict()})
+
     def boom(*a, **k):
         raise OSError("disk full")
 
@@ -158,15 +177,45 @@ def _cli(*args):
 
 def test_kill_at_any_moment_then_resume_matches_uninterrupted(corpus_dir, tmp_path):
     """SIGKILL a training process mid-run; --resume must finish with the uninterrupted run's weights."""
-    common = ["train", "--encoding", "alibi", "--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache"),
-              "--train-len", "16", "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--batch-size", "4",
-              "--steps", "40", "--warmup", "2", "--ckpt-every", "3", "--threads", "1", "--no-progress"]
+    common = [
+        "train",
+        "--encoding",
+        "alibi",
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--train-len",
+        "16",
+        "--n-layer",
+        "1",
+        "--n-head",
+        "2",
+        "--d-model",
+        "16",
+        "--batch-size",
+        "4",
+        "--steps",
+        "40",
+        "--warmup",
+        "2",
+        "--ckpt-every",
+        "3",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    ref = subprocess.run(_cli(*common, "--out", str(tmp_path / "ref")), env=env, capture_output=True, text=True,
-                         timeout=120)
+    ref = subprocess.run(
+        _cli(*common, "--out", str(tmp_path / "ref")), env=env, capture_output=True, text=True, timeout=120
+    )
     assert ref.returncode == 0, ref.stderr
-    victim = subprocess.Popen(_cli(*common, "--out", str(tmp_path / "run")), env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    victim = subprocess.Popen(
+        _cli(*common, "--out", str(tmp_path / "run")),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 60
     while time.time() < deadline and not (tmp_path / "run" / "checkpoints" / "latest").exists():
         time.sleep(0.02)
@@ -176,8 +225,13 @@ def test_kill_at_any_moment_then_resume_matches_uninterrupted(corpus_dir, tmp_pa
     killed_at = latest_checkpoint(tmp_path / "run")
     assert killed_at is not None
     read_checkpoint(killed_at)  # whatever moment it died, the checkpoint left behind verifies
-    res = subprocess.run(_cli(*common, "--out", str(tmp_path / "run"), "--resume"), env=env, capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        _cli(*common, "--out", str(tmp_path / "run"), "--resume"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     a = load_file(latest_checkpoint(tmp_path / "ref") / "model.safetensors")
     b = load_file(latest_checkpoint(tmp_path / "run") / "model.safetensors")

@@ -127,12 +127,16 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
     if pointer.exists():
         path = root / pointer.read_text().strip()
         if not path.is_dir():
-            raise CheckpointError(f"checkpoint pointer {str(pointer)!r} names {str(path)!r}, which does not exist")
+            raise CheckpointError(
+                f"checkpoint pointer {str(pointer)!r} names {str(path)!r}, which does not exist"
+            )
         return path
     return None
 
 
-def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> tuple[dict, dict, dict | None]:
+def read_checkpoint(
+    path: str | os.PathLike, *, with_optimizer: bool = True
+) -> tuple[dict, dict, dict | None]:
     """Verify and read a checkpoint directory: ``(tensors, state, optimizer_state)``.
 
     Raises:
@@ -143,16 +147,22 @@ def read_checkpoint(path: str | os.PathLike, *, with_optimizer: bool = True) -> 
 
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist (expected a directory with model.safetensors)")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not exist (expected a directory with model.safetensors)"
+        )
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt or incomplete: manifest.json unreadable ({e})") from e
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt or incomplete: manifest.json unreadable ({e})"
+        ) from e
     for f in _FILES:
         if not (path / f).exists():
             raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f} is missing")
         if _sha256(path / f) != manifest.get(f):
-            raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {f} does not match its SHA-256 in manifest.json")
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is corrupt: {f} does not match its SHA-256 in manifest.json"
+            )
     try:
         tensors = load_file(path / "model.safetensors")
         state = json.loads((path / "state.json").read_text())

@@ -23,11 +23,18 @@ def _guard(name: str):
                 torch.set_num_threads(args.threads)
             try:
                 return fn(args)
-            except (ValueError, FileNotFoundError, IndexError) as e:  # LabError, CorpusError, PositionError...
+            except (
+                ValueError,
+                FileNotFoundError,
+                IndexError,
+            ) as e:  # LabError, CorpusError, PositionError...
                 print(f"posenc {name}: error: {e}", file=sys.stderr)
                 return 2
             except KeyboardInterrupt:
-                print(f"posenc {name}: interrupted; the last checkpoint is intact (rerun with --resume)", file=sys.stderr)
+                print(
+                    f"posenc {name}: interrupted; the last checkpoint is intact (rerun with --resume)",
+                    file=sys.stderr,
+                )
                 return 130
 
         return run
@@ -39,7 +46,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 64,128,256, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 64,128,256, got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
@@ -68,21 +77,39 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------------------------- train
 
+
 @_guard("train")
 def cmd_train(args) -> int:
     from posenc.lab.model import GPTConfig
     from posenc.lab.train import TrainConfig, train
 
     model_cfg = GPTConfig(
-        encoding=args.encoding, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model, max_len=args.train_len
+        encoding=args.encoding,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        max_len=args.train_len,
     )
     train_cfg = TrainConfig(
-        steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup, seed=args.seed,
-        weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=args.warmup,
+        seed=args.seed,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
     )
     result = train(
-        model_cfg, train_cfg, args.out, corpus=args.corpus, cache_dir=args.cache_dir, resume=args.resume,
-        ckpt_every=args.ckpt_every, device=args.device, progress=not args.no_progress, stop_after=args.stop_after,
+        model_cfg,
+        train_cfg,
+        args.out,
+        corpus=args.corpus,
+        cache_dir=args.cache_dir,
+        resume=args.resume,
+        ckpt_every=args.ckpt_every,
+        device=args.device,
+        progress=not args.no_progress,
+        stop_after=args.stop_after,
     )
     import torch.distributed as dist
 
@@ -93,7 +120,9 @@ def cmd_train(args) -> int:
             return 0
     if result.losses:
         step, loss = result.losses[-1]
-        print(f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; checkpoint in {args.out}")
+        print(
+            f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; checkpoint in {args.out}"
+        )
     else:
         print(f"{args.out} is already at step {result.step}; nothing to train")
     return 0
@@ -101,12 +130,13 @@ def cmd_train(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- eval
 
+
 @_guard("eval")
 def cmd_eval(args) -> int:
-    from posenc.lab.data import load_corpus
-    from posenc.lab.evaluate import EXTENSIONS, evaluate, passkey_accuracy
     from posenc.lab.compare import markdown_table, past_table
+    from posenc.lab.data import load_corpus
     from posenc.lab.errors import LabError
+    from posenc.lab.evaluate import EXTENSIONS, evaluate, passkey_accuracy
     from posenc.lab.train import load_model
 
     model, state = load_model(args.ckpt, args.device)
@@ -120,17 +150,28 @@ def cmd_eval(args) -> int:
     data = load_corpus(corpus, cache_dir=args.cache_dir, min_val_tokens=max(lens) + 1)
     rows = evaluate(model, data.val, lens, train_len=train_len, max_tokens=args.eval_tokens, extensions=exts)
     dict_rows = [
-        {"scheme": r.scheme, "note": r.note, "ppl": {str(k): v for k, v in r.ppl.items()},
-         "ppl_past": {str(k): v for k, v in r.ppl_past.items()}}
+        {
+            "scheme": r.scheme,
+            "note": r.note,
+            "ppl": {str(k): v for k, v in r.ppl.items()},
+            "ppl_past": {str(k): v for k, v in r.ppl_past.items()},
+        }
         for r in rows
     ]
-    report = {"checkpoint": str(args.ckpt), "train_len": train_len, "eval_lens": sorted(lens), "results": dict_rows}
+    report = {
+        "checkpoint": str(args.ckpt),
+        "train_len": train_len,
+        "eval_lens": sorted(lens),
+        "results": dict_rows,
+    }
     print(markdown_table(dict_rows, sorted(lens), train_len))
     past = past_table(dict_rows, sorted(lens), train_len)
     if past:
         print("\n" + past)
     if args.passkey_lens:
-        acc = {"plain": passkey_accuracy(model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed)}
+        acc = {
+            "plain": passkey_accuracy(model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed)
+        }
         if model.cfg.encoding == "rope":
             for ext in exts:
                 acc[ext] = passkey_accuracy(
@@ -139,13 +180,16 @@ def cmd_eval(args) -> int:
         report["passkey"] = {k: {str(n): v for n, v in d.items()} for k, d in acc.items()}
         print("\npasskey retrieval accuracy (greedy, exact match):")
         for k, d in acc.items():
-            print(f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items()))
+            print(
+                f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items())
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- sample
+
 
 @_guard("sample")
 def cmd_sample(args) -> int:
@@ -160,8 +204,11 @@ def cmd_sample(args) -> int:
         prompt = [0]  # the file separator: "start of a file"
     gen = torch.Generator(device=args.device).manual_seed(args.seed)
     out = model.generate(
-        torch.tensor([prompt], device=args.device), args.max_new_tokens, temperature=args.temperature,
-        top_k=args.top_k, generator=gen,
+        torch.tensor([prompt], device=args.device),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        generator=gen,
     )
     sys.stdout.write(decode(out[0].tolist()).replace("\x00", "\n") + "\n")
     return 0
@@ -169,17 +216,26 @@ def cmd_sample(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- compare
 
+
 @_guard("compare")
 def cmd_compare(args) -> int:
-    from posenc.lab.compare import settings_for, run_compare
+    from posenc.lab.compare import run_compare, settings_for
 
     settings = settings_for(
-        args.preset, steps=args.steps, train_len=args.train_len,
+        args.preset,
+        steps=args.steps,
+        train_len=args.train_len,
         eval_mults=tuple(args.eval_mults) if args.eval_mults else None,
-        schemes=tuple(args.schemes) if args.schemes else None, seed=args.seed,
+        schemes=tuple(args.schemes) if args.schemes else None,
+        seed=args.seed,
     )
     result = run_compare(
-        args.out, settings, corpus=args.corpus, cache_dir=args.cache_dir, device=args.device, jobs=args.jobs,
+        args.out,
+        settings,
+        corpus=args.corpus,
+        cache_dir=args.cache_dir,
+        device=args.device,
+        jobs=args.jobs,
         progress=not args.no_progress,
     )
     print(result.table)
@@ -196,9 +252,13 @@ def add_commands(subparsers) -> None:
     p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS))
     p.add_argument("--out", required=True, help="run directory (checkpoints, run.json)")
     _data_args(p)
-    p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (default 64)")
+    p.add_argument(
+        "--train-len", type=_positive_int, default=64, help="training sequence length (default 64)"
+    )
     p.add_argument("--steps", type=_positive_int, default=600)
-    p.add_argument("--batch-size", type=_positive_int, default=16, help="global batch, split across DDP ranks")
+    p.add_argument(
+        "--batch-size", type=_positive_int, default=16, help="global batch, split across DDP ranks"
+    )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -209,16 +269,24 @@ def add_commands(subparsers) -> None:
     p.add_argument("--d-model", type=_positive_int, default=128)
     p.add_argument("--ckpt-every", type=_positive_int, default=100, help="checkpoint interval in steps")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
-    p.add_argument("--stop-after", type=_positive_int, help="stop at this step (schedule still targets --steps)")
+    p.add_argument(
+        "--stop-after", type=_positive_int, help="stop at this step (schedule still targets --steps)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
-    p = subparsers.add_parser("eval", help="perplexity at several lengths, RoPE extensions, passkey retrieval")
+    p = subparsers.add_parser(
+        "eval", help="perplexity at several lengths, RoPE extensions, passkey retrieval"
+    )
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     _data_args(p)
-    p.add_argument("--lens", type=_int_list, help="evaluation lengths, e.g. 64,128,256 (default 1,2,4,8 x train length)")
+    p.add_argument(
+        "--lens", type=_int_list, help="evaluation lengths, e.g. 64,128,256 (default 1,2,4,8 x train length)"
+    )
     p.add_argument("--eval-tokens", type=_positive_int, default=32768, help="validation tokens per length")
-    p.add_argument("--extensions", type=_str_list, help="RoPE eval-time extensions (default pi,ntk,dynamic,yarn)")
+    p.add_argument(
+        "--extensions", type=_str_list, help="RoPE eval-time extensions (default pi,ntk,dynamic,yarn)"
+    )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
     p.add_argument("--passkey-trials", type=_positive_int, default=8)
     p.add_argument("--seed", type=int, default=0)
@@ -238,13 +306,23 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("compare", help="train every encoding short, evaluate long: table + plot")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
-    p.add_argument("--preset", default="quick", choices=list(PRESETS),
-                   help="quick: <10 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests")
+    p.add_argument(
+        "--preset",
+        default="quick",
+        choices=list(PRESETS),
+        help="quick: <10 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests",
+    )
     _data_args(p)
-    p.add_argument("--jobs", type=_positive_int, help="models trained in parallel (default on CPU: all at once, one thread each; 1 on GPU)")
+    p.add_argument(
+        "--jobs",
+        type=_positive_int,
+        help="models trained in parallel (default on CPU: all at once, one thread each; 1 on GPU)",
+    )
     p.add_argument("--steps", type=_positive_int, help="override the preset's training steps")
     p.add_argument("--train-len", type=_positive_int, help="override the preset's training length")
-    p.add_argument("--eval-mults", type=_int_list, help="evaluation lengths as multiples of the training length")
+    p.add_argument(
+        "--eval-mults", type=_int_list, help="evaluation lengths as multiples of the training length"
+    )
     p.add_argument("--schemes", type=_str_list, help="encodings to compare (default all)")
     p.add_argument("--seed", type=int)
     p.add_argument("--no-progress", action="store_true")

@@ -64,10 +64,14 @@ class Settings:
     def __post_init__(self):
         unknown = [s for s in self.schemes if s not in ENCODINGS]
         if unknown or not self.schemes:
-            raise LabError(f"schemes={list(self.schemes)!r}: unknown {unknown}; allowed: {', '.join(sorted(ENCODINGS))}")
+            raise LabError(
+                f"schemes={list(self.schemes)!r}: unknown {unknown}; allowed: {', '.join(sorted(ENCODINGS))}"
+            )
         bad = [e for e in self.extensions if e not in EXTENSIONS]
         if bad:
-            raise LabError(f"extensions={list(self.extensions)!r}: unknown {bad}; allowed: {', '.join(EXTENSIONS)}")
+            raise LabError(
+                f"extensions={list(self.extensions)!r}: unknown {bad}; allowed: {', '.join(EXTENSIONS)}"
+            )
         check_lengths("eval_mults", self.eval_mults)
         for name in ("train_len", "eval_tokens"):
             v = getattr(self, name)
@@ -80,25 +84,48 @@ class Settings:
 
     def model_config(self, scheme: str) -> GPTConfig:
         return GPTConfig(
-            encoding=scheme, n_layer=self.n_layer, n_head=self.n_head, d_model=self.d_model, max_len=self.train_len
+            encoding=scheme,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            d_model=self.d_model,
+            max_len=self.train_len,
         )
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup, seed=self.seed)
+        return TrainConfig(
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup, seed=self.seed
+        )
 
 
 PRESETS: dict[str, Settings] = {
     # Seconds, for tests: proves the pipeline, measures nothing.
     "tiny": Settings(
-        train_len=16, eval_mults=(1, 2, 4), steps=4, batch_size=4, warmup=1, n_layer=1, n_head=2, d_model=16,
-        eval_tokens=256, ckpt_every=2,
+        train_len=16,
+        eval_mults=(1, 2, 4),
+        steps=4,
+        batch_size=4,
+        warmup=1,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        eval_tokens=256,
+        ckpt_every=2,
     ),
     # Under 10 minutes on 2 CPU cores, training and evaluation together.
     "quick": Settings(),
     # A GPU (--device cuda): longer training length, bigger model, more steps and evaluation tokens.
     "gpu": Settings(
-        train_len=256, eval_mults=(1, 2, 4, 8, 16), steps=4000, batch_size=64, lr=1e-3, warmup=200, n_layer=6,
-        n_head=8, d_model=384, eval_tokens=262144, ckpt_every=500,
+        train_len=256,
+        eval_mults=(1, 2, 4, 8, 16),
+        steps=4000,
+        batch_size=64,
+        lr=1e-3,
+        warmup=200,
+        n_layer=6,
+        n_head=8,
+        d_model=384,
+        eval_tokens=262144,
+        ckpt_every=500,
     ),
 }
 
@@ -113,12 +140,19 @@ def settings_for(preset: str, **overrides) -> Settings:
 
 # ---------------------------------------------------------------------------------------------- workers
 
+
 def _worker_init(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
 def _train_and_eval(
-    scheme: str, s: Settings, out: str, corpus: str | None, cache_dir: str | None, device: str, events,
+    scheme: str,
+    s: Settings,
+    out: str,
+    corpus: str | None,
+    cache_dir: str | None,
+    device: str,
+    events,
     extension: str | None = None,
 ) -> dict:
     """One task in a worker process: train a scheme (if needed) and evaluate its own row, or, with
@@ -139,15 +173,27 @@ def _train_and_eval(
     t0 = time.perf_counter()
     if extension is None and not is_complete(run_dir, s.steps):
         train(
-            s.model_config(scheme), s.train_config(), run_dir, corpus=data, resume=True, ckpt_every=s.ckpt_every,
-            device=device, progress=False, callback=lambda step, loss, tps: events.put(("step", scheme, step, loss, tps)),
+            s.model_config(scheme),
+            s.train_config(),
+            run_dir,
+            corpus=data,
+            resume=True,
+            ckpt_every=s.ckpt_every,
+            device=device,
+            progress=False,
+            callback=lambda step, loss, tps: events.put(("step", scheme, step, loss, tps)),
         )
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, device)
     events.put(("eval", label, None))
     t1 = time.perf_counter()
     r = perplexities(
-        model, data.val, s.eval_lens, train_len=s.train_len, max_tokens=s.eval_tokens, extension=extension,
+        model,
+        data.val,
+        s.eval_lens,
+        train_len=s.train_len,
+        max_tokens=s.eval_tokens,
+        extension=extension,
         progress=lambda what: events.put(("eval", label, what.split(" @ ")[-1])),
     )
     row = {
@@ -180,6 +226,7 @@ class _InlineQueue:
 
 # ---------------------------------------------------------------------------------------------- driver
 
+
 @dataclass
 class CompareResult:
     settings: Settings
@@ -206,7 +253,8 @@ def run_compare(
     out.mkdir(parents=True, exist_ok=True)
     # Load once here: errors about the corpus surface before any worker starts, and the token cache is built once.
     data = load_corpus(
-        corpus, cache_dir=cache_dir,
+        corpus,
+        cache_dir=cache_dir,
         min_train_tokens=settings.train_len * settings.batch_size + 2,
         min_val_tokens=max(settings.eval_lens) + 1,
     )
@@ -237,7 +285,9 @@ def run_compare(
         ctx = mp.get_context("spawn")
         with ctx.Manager() as manager:
             events = manager.Queue()
-            with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+            with ProcessPoolExecutor(
+                jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)
+            ) as pool:
                 tasks = {pool.submit(_train_and_eval, sc, *common, events): (sc, None) for sc in order}
                 while tasks:
                     try:
@@ -249,7 +299,10 @@ def run_compare(
                         rows[scheme, ext] = f.result()  # re-raises a worker's error here
                         if ext is None:
                             for follow in followups.get(scheme, []):
-                                tasks[pool.submit(_train_and_eval, scheme, *common, events, follow)] = (scheme, follow)
+                                tasks[pool.submit(_train_and_eval, scheme, *common, events, follow)] = (
+                                    scheme,
+                                    follow,
+                                )
                 while True:
                     try:
                         display.handle(events.get_nowait())
@@ -275,7 +328,9 @@ class _Progress:
         if enabled:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=settings.steps * len(order), desc="compare", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=settings.steps * len(order), desc="compare", unit="step", dynamic_ncols=True
+            )
 
     def handle(self, event) -> None:
         kind, scheme = event[0], event[1]
@@ -301,6 +356,7 @@ class _Progress:
 
 # ---------------------------------------------------------------------------------------------- reports
 
+
 def ratio(row: dict, num: int, den: int) -> float | None:
     a, b = row["ppl"].get(str(num)), row["ppl"].get(str(den))
     return a / b if a is not None and b is not None else None
@@ -313,10 +369,15 @@ def _fmt(v: float | None, digits: int = 2) -> str:
 def markdown_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     """The main table: perplexity at each length, and ppl(4L)/ppl(L) when 4L was evaluated."""
     has4 = 4 * train_len in eval_lens
-    head = ["scheme"] + [f"ppl@{n} ({n // train_len}x)" if n % train_len == 0 else f"ppl@{n}" for n in eval_lens]
+    head = ["scheme"] + [
+        f"ppl@{n} ({n // train_len}x)" if n % train_len == 0 else f"ppl@{n}" for n in eval_lens
+    ]
     head += ["ppl(4L)/ppl(L)"] if has4 else []
     head += ["note"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + ["---"]) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + ["---"]) + "|",
+    ]
     for r in rows:
         cells = [r["scheme"]] + [_fmt(r["ppl"].get(str(n))) for n in eval_lens]
         if has4:
@@ -333,7 +394,9 @@ def past_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     head = ["scheme"] + [f"ppl past {train_len} @{n}" for n in longer]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(longer)) + "|"]
     for r in rows:
-        lines.append("| " + " | ".join([r["scheme"]] + [_fmt(r["ppl_past"].get(str(n))) for n in longer]) + " |")
+        lines.append(
+            "| " + " | ".join([r["scheme"]] + [_fmt(r["ppl_past"].get(str(n))) for n in longer]) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -344,8 +407,14 @@ def write_reports(result: CompareResult, corpus: str, device: str) -> None:
         "train_len": s.train_len,
         "eval_lens": eval_lens,
         "corpus": corpus,
-        "results": [{"scheme": r["scheme"], "ppl": {str(n): r["ppl"].get(str(n)) for n in eval_lens}, "note": r["note"]}
-                    for r in result.rows],
+        "results": [
+            {
+                "scheme": r["scheme"],
+                "ppl": {str(n): r["ppl"].get(str(n)) for n in eval_lens},
+                "note": r["note"],
+            }
+            for r in result.rows
+        ],
     }
     write_text_atomic(out / "results.json", json.dumps(payload, indent=2))
     details = {
@@ -387,7 +456,7 @@ def plot(payload: dict, path: Path) -> None:
         pts = [(int(n), v) for n, v in r["ppl"].items() if v is not None and math.isfinite(v)]
         if not pts:
             continue
-        xs, ys = zip(*sorted(pts))
+        xs, ys = zip(*sorted(pts), strict=True)
         style = "--" if "+" in r["scheme"] else "-"
         ax.plot(xs, ys, style, marker="o", label=r["scheme"])
     ax.axvline(payload["train_len"], color="grey", lw=1, ls=":", label=f"train length {payload['train_len']}")

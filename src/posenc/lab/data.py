@@ -192,7 +192,10 @@ def load_corpus(
     train = np.load(train_path, mmap_mode="r")
     val = np.load(val_path, mmap_mode="r")
     corpus = Corpus(path=str(root), train=train, val=val)
-    for name, have, need in (("train", len(train), min_train_tokens), ("validation", len(val), min_val_tokens)):
+    for name, have, need in (
+        ("train", len(train), min_train_tokens),
+        ("validation", len(val), min_val_tokens),
+    ):
         if have < need:
             raise CorpusError(
                 f"corpus {str(root)!r} is too small: its {name} split has {have} tokens (bytes) but "
@@ -205,8 +208,10 @@ def load_corpus(
 def _tokenize_forced(root: Path, files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     rels = [f.relative_to(root).as_posix() for f in files]
     val_rel = min(rels, key=lambda r: hashlib.sha256(r.encode()).digest())
-    train = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels) if r != val_rel)
-    val = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels) if r == val_rel)
+    train = b"".join(
+        f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels, strict=True) if r != val_rel
+    )
+    val = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels, strict=True) if r == val_rel)
     return np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8)
 
 
@@ -227,7 +232,9 @@ def batch_at(
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
-        raise CorpusError(f"seq_len={seq_len} needs more than {seq_len + 1} tokens; the split has {len(tokens)}")
+        raise CorpusError(
+            f"seq_len={seq_len} needs more than {seq_len + 1} tokens; the split has {len(tokens)}"
+        )
     gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
@@ -244,7 +251,9 @@ def windows(tokens: np.ndarray, length: int, max_tokens: int) -> torch.Tensor:
     n = max(1, max_tokens // length)
     n = min(n, (len(tokens) - 1) // length)
     if n < 1:
-        raise CorpusError(f"evaluation length {length} needs {length + 1} tokens; the split has {len(tokens)}")
+        raise CorpusError(
+            f"evaluation length {length} needs {length + 1} tokens; the split has {len(tokens)}"
+        )
     idx = np.arange(n)[:, None] * length + np.arange(length + 1)[None, :]
     return torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
 

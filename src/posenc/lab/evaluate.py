@@ -66,7 +66,9 @@ def position_losses(model: GPT, data: torch.Tensor, *, tokens_per_batch: int = 1
     for i in range(0, n, rows):
         chunk = data[i : i + rows].to(device)
         logits = model(chunk[:, :-1]).float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="none")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="none"
+        )
         out.append(loss.view(chunk.shape[0], t).double().cpu())
     return torch.cat(out)
 
@@ -119,7 +121,9 @@ def perplexities(
                     row.note = f"n/a past {train_len} tokens: {e}"
                 continue
             row.ppl[length] = math.exp(losses.mean().item())
-            row.ppl_past[length] = math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
+            row.ppl_past[length] = (
+                math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
+            )
     finally:
         if extension is not None:
             model.set_rope_scaling(None)
@@ -142,7 +146,9 @@ def passkey_prompt(length: int, key: str, depth: float) -> tuple[list[int], str]
     question = "What is the pass key? The pass key is "
     room = length - len(needle) - len(question)
     if room < 0:
-        raise LabError(f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes")
+        raise LabError(
+            f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes"
+        )
     filler = (_FILLER * (room // len(_FILLER) + 1))[:room]
     cut = int(round(depth * room))
     text = filler[:cut] + needle + filler[cut:] + question
@@ -151,7 +157,13 @@ def passkey_prompt(length: int, key: str, depth: float) -> tuple[list[int], str]
 
 @torch.no_grad()
 def passkey_accuracy(
-    model: GPT, lengths: list[int], *, trials: int = 8, digits: int = 5, seed: int = 0, extension: str | None = None,
+    model: GPT,
+    lengths: list[int],
+    *,
+    trials: int = 8,
+    digits: int = 5,
+    seed: int = 0,
+    extension: str | None = None,
     train_len: int | None = None,
 ) -> dict[int, float | None]:
     """Share of prompts at each length whose greedy continuation is exactly the hidden key (None: n/a)."""
@@ -192,12 +204,20 @@ def evaluate(
     progress=None,
 ) -> list[Row]:
     """The model's own row, plus one row per RoPE extension when the model uses RoPE."""
-    rows = [perplexities(model, val, eval_lens, train_len=train_len, max_tokens=max_tokens, progress=progress)]
+    rows = [
+        perplexities(model, val, eval_lens, train_len=train_len, max_tokens=max_tokens, progress=progress)
+    ]
     if model.cfg.encoding == "rope":
         for ext in extensions:
             rows.append(
                 perplexities(
-                    model, val, eval_lens, train_len=train_len, max_tokens=max_tokens, extension=ext, progress=progress
+                    model,
+                    val,
+                    eval_lens,
+                    train_len=train_len,
+                    max_tokens=max_tokens,
+                    extension=ext,
+                    progress=progress,
                 )
             )
     return rows

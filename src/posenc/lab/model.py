@@ -16,8 +16,8 @@ Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,9 @@ class GPTConfig:
 
     def __post_init__(self):
         if self.encoding not in ENCODINGS:
-            raise LabError(f"encoding={self.encoding!r} is not known; allowed: {', '.join(sorted(ENCODINGS))}")
+            raise LabError(
+                f"encoding={self.encoding!r} is not known; allowed: {', '.join(sorted(ENCODINGS))}"
+            )
         for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -68,7 +70,7 @@ class GPTConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GPTConfig":
+    def from_dict(cls, d: dict) -> GPTConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -229,7 +231,10 @@ class GPT(nn.Module):
             raise LabError(f"rope scaling needs a rope model; this model's encoding is {self.cfg.encoding!r}")
         device = self.tok.weight.device
         rotary = RotaryEmbedding(
-            self.cfg.head_dim, base=self.cfg.rope_base, scaling=scaling, max_position_embeddings=self.cfg.max_len
+            self.cfg.head_dim,
+            base=self.cfg.rope_base,
+            scaling=scaling,
+            max_position_embeddings=self.cfg.max_len,
         ).to(device)
         self.enc.rotary = self.rotary = rotary
 

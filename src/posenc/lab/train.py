@@ -53,10 +53,12 @@ class TrainConfig:
         if not 0 <= self.min_lr_ratio <= 1:
             raise LabError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
         if self.grad_clip < 0 or self.weight_decay < 0:
-            raise LabError(f"grad_clip={self.grad_clip!r} and weight_decay={self.weight_decay!r} must be >= 0")
+            raise LabError(
+                f"grad_clip={self.grad_clip!r} and weight_decay={self.weight_decay!r} must be >= 0"
+            )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -97,7 +99,9 @@ def check_device(device: str) -> torch.device:
     if dev.type not in ("cpu", "cuda"):
         raise LabError(f"device={device!r} is not supported; allowed: cpu, cuda, cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LabError(f"device={device!r} was requested but CUDA is not available on this machine; use --device cpu")
+        raise LabError(
+            f"device={device!r} was requested but CUDA is not available on this machine; use --device cpu"
+        )
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise LabError(f"device={device!r}: this machine has {torch.cuda.device_count()} cuda device(s)")
     return dev
@@ -121,7 +125,11 @@ def _check_matches(saved: dict, wanted: dict, path: Path) -> None:
         a, b = saved.get(section), wanted[section]
         if isinstance(b, dict):
             a = a or {}
-            diffs += [f"{section}.{k}: checkpoint has {a.get(k)!r}, requested {b[k]!r}" for k in b if a.get(k) != b[k]]
+            diffs += [
+                f"{section}.{k}: checkpoint has {a.get(k)!r}, requested {b[k]!r}"
+                for k in b
+                if a.get(k) != b[k]
+            ]
         elif a != b:
             diffs.append(f"{section}: checkpoint has {a!r}, requested {b!r}")
     if diffs:
@@ -180,7 +188,9 @@ def train(
         raise LabError(f"ckpt_every={ckpt_every!r} must be a positive integer")
     world, rank, local = _dist_info()
     if train_cfg.batch_size % world:
-        raise LabError(f"batch_size={train_cfg.batch_size} must be divisible by the number of processes ({world})")
+        raise LabError(
+            f"batch_size={train_cfg.batch_size} must be divisible by the number of processes ({world})"
+        )
     dev = check_device(device)
     if dev.type == "cuda" and world > 1:
         dev = torch.device("cuda", local)
@@ -229,12 +239,17 @@ def train(
     if progress and rank == 0 and end > start:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=end, initial=start, desc=desc or f"train {model_cfg.encoding}", unit="step", leave=True)
+        bar = tqdm(
+            total=end, initial=start, desc=desc or f"train {model_cfg.encoding}", unit="step", leave=True
+        )
     t0, tokens = time.perf_counter(), 0
     tps = 0.0
     for step in range(start, end):
         x, y = batch_at(corpus.train, step, batch_size=train_cfg.batch_size, seq_len=seq, seed=train_cfg.seed)
-        x, y = x[rank * per_rank : (rank + 1) * per_rank].to(dev), y[rank * per_rank : (rank + 1) * per_rank].to(dev)
+        x, y = (
+            x[rank * per_rank : (rank + 1) * per_rank].to(dev),
+            y[rank * per_rank : (rank + 1) * per_rank].to(dev),
+        )
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, train_cfg)
         logits = net(x)
@@ -247,7 +262,9 @@ def train(
         tokens += train_cfg.batch_size * seq
         done = step + 1
         if not math.isfinite(loss.item()):
-            raise LabError(f"training diverged at step {done}: loss is {loss.item()}; lower --lr (was {train_cfg.lr})")
+            raise LabError(
+                f"training diverged at step {done}: loss is {loss.item()}; lower --lr (was {train_cfg.lr})"
+            )
         if done % 10 == 0 or done == end:
             tps = tokens / max(1e-9, time.perf_counter() - t0)
             losses.append((done, loss.item()))
