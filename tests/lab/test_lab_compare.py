@@ -220,3 +220,44 @@ def test_cli_train_eval_sample_round_trip(corpus_dir, tmp_path, capsys):
     assert data["results"][0]["ppl"]["32"] is None and data["passkey"]["plain"]["120"] is None
     assert main(["sample", str(run), "--prompt", "def ", "--max-new-tokens", "5", "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("def ")
+
+
+def test_a_killed_compare_resumes_partial_training_to_the_same_numbers(compared, corpus_dir, tmp_path):
+    """A compare killed mid-training leaves a partial checkpoint; rerunning finishes it bit-identically."""
+    from posenc.lab.data import load_corpus
+    from posenc.lab.train import train
+
+    out, cache, _ = compared
+    s = PRESETS["tiny"]
+    data = load_corpus(corpus_dir, cache_dir=cache)
+    partial = train(
+        s.model_config("rope"),
+        s.train_config(),
+        tmp_path / "models" / "rope",
+        corpus=data,
+        progress=False,
+        ckpt_every=s.ckpt_every,
+        stop_after=s.steps // 2,
+    )
+    assert partial.step == s.steps // 2
+    args = [
+        "compare",
+        "--preset",
+        "tiny",
+        "--out",
+        str(tmp_path),
+        "--corpus",
+        str(corpus_dir),
+        "--cache-dir",
+        str(cache),
+        "--jobs",
+        "1",
+        "--no-progress",
+        "--schemes",
+        "rope",
+    ]
+    assert main(args) == 0
+    resumed = {r["scheme"]: r["ppl"] for r in json.loads((tmp_path / "results.json").read_text())["results"]}
+    whole = {r["scheme"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["results"]}
+    for scheme, ppl in resumed.items():
+        assert ppl == whole[scheme]  # exactly: the resumed model is the uninterrupted model
