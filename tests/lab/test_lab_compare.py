@@ -11,24 +11,23 @@ from posenc.lab.compare import PRESETS, Settings, markdown_table, ratio, setting
 from posenc.lab.errors import LabError
 
 
+def tiny_compare_args(out, corpus_dir, cache, jobs=1, schemes=None):
+    """argv for a tiny-preset compare into ``out``."""
+    args = ["compare", "--preset", "tiny", "--out", str(out), "--corpus", str(corpus_dir),
+            "--cache-dir", str(cache), "--jobs", str(jobs), "--no-progress"]
+    return args + (["--schemes", schemes] if schemes else [])
+
+
+def ppl_by_scheme(out):
+    """{scheme: {length: ppl}} from out/results.json."""
+    return {r["scheme"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["results"]}
+
+
 @pytest.fixture(scope="module")
 def compared(corpus_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
     cache = tmp_path_factory.mktemp("cache")
-    args = [
-        "compare",
-        "--preset",
-        "tiny",
-        "--out",
-        str(out),
-        "--corpus",
-        str(corpus_dir),
-        "--cache-dir",
-        str(cache),
-        "--jobs",
-        "1",
-        "--no-progress",
-    ]
+    args = tiny_compare_args(out, corpus_dir, cache)
     assert main(args) == 0
     return out, cache, args
 
@@ -80,25 +79,8 @@ def test_compare_resumes_by_skipping_finished_models(compared, capsys):
 
 def test_compare_with_two_worker_processes_gives_the_same_numbers(compared, corpus_dir, tmp_path):
     out, cache, _ = compared
-    args = [
-        "compare",
-        "--preset",
-        "tiny",
-        "--out",
-        str(tmp_path),
-        "--corpus",
-        str(corpus_dir),
-        "--cache-dir",
-        str(cache),
-        "--jobs",
-        "2",
-        "--no-progress",
-        "--schemes",
-        "rope,alibi",
-    ]
-    assert main(args) == 0
-    two = {r["scheme"]: r["ppl"] for r in json.loads((tmp_path / "results.json").read_text())["results"]}
-    one = {r["scheme"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["results"]}
+    assert main(tiny_compare_args(tmp_path, corpus_dir, cache, jobs=2, schemes="rope,alibi")) == 0
+    two, one = ppl_by_scheme(tmp_path), ppl_by_scheme(out)
     assert set(two) == {"rope", "rope+pi", "rope+ntk", "rope+yarn", "alibi"}
     for scheme, ppl in two.items():
         assert ppl == pytest.approx(one[scheme], rel=1e-5)
@@ -240,24 +222,7 @@ def test_a_killed_compare_resumes_partial_training_to_the_same_numbers(compared,
         stop_after=s.steps // 2,
     )
     assert partial.step == s.steps // 2
-    args = [
-        "compare",
-        "--preset",
-        "tiny",
-        "--out",
-        str(tmp_path),
-        "--corpus",
-        str(corpus_dir),
-        "--cache-dir",
-        str(cache),
-        "--jobs",
-        "1",
-        "--no-progress",
-        "--schemes",
-        "rope",
-    ]
-    assert main(args) == 0
-    resumed = {r["scheme"]: r["ppl"] for r in json.loads((tmp_path / "results.json").read_text())["results"]}
-    whole = {r["scheme"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["results"]}
+    assert main(tiny_compare_args(tmp_path, corpus_dir, cache, schemes="rope")) == 0
+    resumed, whole = ppl_by_scheme(tmp_path), ppl_by_scheme(out)
     for scheme, ppl in resumed.items():
         assert ppl == whole[scheme]  # exactly: the resumed model is the uninterrupted model
