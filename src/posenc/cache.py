@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from .kernels import apply_rotary
+from .layout import rerotate_keys
 
 __all__ = ["RotaryKVCache", "turn_keys"]
 
@@ -92,12 +92,12 @@ def turn_keys(keys: torch.Tensor, old, new, layout: str) -> torch.Tensor:
     factor ratio, formed in float64 (the frequency difference is small; float32 would lose it).
     """
     (inv_old, a_old), (inv_new, a_new) = old, new
-    p = torch.arange(keys.shape[-2], dtype=torch.float64, device=keys.device)
-    theta = p[:, None] * (inv_new - inv_old).to(keys.device)
+    positions = torch.arange(keys.shape[-2], dtype=torch.float64, device=keys.device)
+    turned = rerotate_keys(keys, positions, inv_freq=inv_new - inv_old, layout=layout)
     ratio = float(a_new) / float(a_old)
-    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    cos, sin = (torch.cos(theta) * ratio).to(work), (torch.sin(theta) * ratio).to(work)
-    return apply_rotary(keys, cos, sin, layout=layout)
+    if ratio != 1.0:  # the attention factor scales the rotated dimensions only, as it scales cos and sin
+        turned[..., : 2 * inv_new.shape[-1]].mul_(ratio)
+    return turned
 
 
 def same_schedule(a, b) -> bool:
