@@ -6,9 +6,9 @@
 #
 # 1. the Triton RoPE kernel on CUDA tensors: both layouts, partial rotary, int and per-sequence offsets,
 #    cu_seqlens packing, GQA in one launch, bfloat16, in place, gradcheck of the backward, module dispatch
-#    (posenc.benchmarks.triton_checks, the checks CI runs under TRITON_INTERPRET=1);
+#    (posenc.tools.benchmarks.triton_checks, the checks CI runs under TRITON_INTERPRET=1);
 # 2. the CUDA parts of the test suite (the same tests as on the CPU, now also reaching the CUDA dispatch);
-# 3. posenc.benchmarks.gpu: RoPE GB/s, fraction of measured copy and of nominal HBM bandwidth, speed-up over
+# 3. posenc.tools.benchmarks.gpu: RoPE GB/s, fraction of measured copy and of nominal HBM bandwidth, speed-up over
 #    transformers; ALiBi via compiled FlexAttention against SDPA with a materialised bias and causal SDPA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ print("torch", torch.__version__, "triton", triton.__version__, "device", torch.
 PYEOF
 
 echo "== Triton kernel checks on CUDA"
-"$PY" -m posenc.benchmarks.triton_checks cuda
+"$PY" -m posenc.tools.benchmarks.triton_checks cuda
 
 echo "== FlexAttention ALiBi on CUDA against the materialised bias (forward and backward)"
 "$PY" - <<'PYEOF'
@@ -49,4 +49,4 @@ echo "== test suite (kernels, attention)"
 "$PY" -m pytest -q tests/test_kernels.py tests/test_attention.py tests/test_rotary_triton.py
 
 echo "== benchmark"
-"$PY" -m posenc.benchmarks.gpu --out "$OUT"
+"$PY" -m posenc.tools.benchmarks.gpu --out "$OUT"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from posenc import bench
+from posenc.tools import bench
 from posenc.cli import main
 
 
@@ -60,7 +60,7 @@ def test_bench_rejects_bad_repeat(capsys):
 
 
 def test_materialised_case_is_skipped_when_it_cannot_fit(monkeypatch):
-    from posenc.benchmarks import attention
+    from posenc.tools.benchmarks import attention
 
     monkeypatch.setattr(attention, "_available_bytes", lambda: 4 << 30)
     row = attention.run_case("sdpa+bias", 16384, 8, 64, 1)  # ~24 GiB needed: never started

@@ -1,4 +1,4 @@
-"""posenc.frequencies against transformers' ROPE_INIT_FUNCTIONS (the ground truth) and posenc.reference."""
+"""posenc.rope.frequencies against transformers' ROPE_INIT_FUNCTIONS (the ground truth) and posenc.reference."""
 
 import contextlib
 import itertools
@@ -17,7 +17,7 @@ from transformers.models.gpt_neox import modeling_gpt_neox as gpt_neox_modeling
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
 import posenc
-from posenc import frequencies as F
+from posenc.rope import frequencies as F
 from posenc import reference as R
 
 REL = 1e-6

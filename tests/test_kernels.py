@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from posenc import RotaryEmbedding, reference
 from posenc.kernels import RotaryFunction, apply_rotary, apply_rotary_qk, rotary_torch, rotate_into
-from posenc.rotary import rotate_eager
+from posenc.rope.embedding import rotate_eager
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
 

@@ -7,7 +7,7 @@ import torch
 import posenc
 from posenc import RotaryEmbedding, convert_layout, rerotate_keys
 from posenc import reference as R
-from posenc.layout import layout_permutation
+from posenc.rope.layout import layout_permutation
 
 HEADS, HEAD_DIM, D_MODEL, SEQ = 3, 16, 24, 11
 

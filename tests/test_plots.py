@@ -5,7 +5,7 @@ import argparse
 import numpy as np
 import pytest
 
-from posenc import plots
+from posenc.tools import plot as plots
 from posenc import reference as R
 
 

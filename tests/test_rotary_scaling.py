@@ -9,8 +9,8 @@ import torch
 
 from posenc import RotaryEmbedding
 from posenc import reference as R
-from posenc.cache import RotaryKVCache
-from posenc.frequencies import rope_frequencies_float64
+from posenc.rope.cache import RotaryKVCache
+from posenc.rope.frequencies import rope_frequencies_float64
 
 ORIG = 64
 HEAD_DIM = 32
@@ -35,7 +35,7 @@ def rotary(name, layout="half"):
 
 
 def expected(x, positions, name, layout, context_len):
-    """float64 numpy reference with the schedule posenc.frequencies gives for that context length."""
+    """float64 numpy reference with the schedule posenc.rope.frequencies gives for that context length."""
     inv, attn = rope_frequencies_float64(HEAD_DIM, scaling=SCALINGS[name], max_position_embeddings=ORIG, seq_len=context_len)
     base = (SCALINGS[name] or {}).get("rope_theta", 1e4)
     return R.rope(x.double().numpy(), positions, base=base, layout=layout, inv_freq=inv.numpy(), attention_factor=attn)

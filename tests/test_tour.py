@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from posenc import cli, tour
+from posenc import cli
+from posenc.tools import tour
 
 
 def test_every_claim_holds():

@@ -10,10 +10,7 @@ from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import ALiBi, alibi_slopes
-from .cache import RotaryKVCache
-from .frequencies import rope_frequencies
-from .layout import convert_layout, rerotate_keys
-from .rotary import RotaryEmbedding
+from .rope import RotaryEmbedding, RotaryKVCache, convert_layout, rerotate_keys, rope_frequencies
 
 __version__ = "0.1.0"
 

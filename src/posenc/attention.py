@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from . import _checks
 from .bias import ALiBi
-from .rotary import RotaryEmbedding
+from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend"]
 
@@ -84,6 +84,19 @@ def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
     return torch.arange(k_len, device=device)[None, :] <= qi
 
 
+def _rotate(rotary: RotaryEmbedding, q, k, positions, offset: int):
+    """q and k rotated; with q shorter than k the queries take the last q_len key positions (bottom-right)."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if q_len == k_len or positions is not None:
+        return rotary(q, k, positions=positions, offset=offset)
+    _checks.non_negative_int("offset", offset)
+    context = offset + k_len  # one schedule for q and k under length-dependent scaling
+    return (
+        rotary.rotate(q, offset=offset + k_len - q_len, context_len=context),
+        rotary.rotate(k, offset=offset, context_len=context),
+    )
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -93,6 +106,7 @@ def attention(
     bias: ALiBi | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
+    offset: int = 0,
     scale: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
@@ -103,7 +117,10 @@ def attention(
         rotary: rotate q and k at ``positions`` (default 0 .. len-1) before attending.
         bias: an :class:`ALiBi` module, or a float tensor broadcastable to (batch, heads, q_len, k_len).
         causal: a query sees only keys at or before it; when q_len < k_len the queries are the last q_len positions.
-        positions: (q_len,) or (batch, q_len) positions for the rotary embedding.
+        positions: (q_len,) or (batch, q_len) positions for the rotary embedding (q and k of one length).
+        offset: position of the first key (decoding with a cache of unrotated keys: 0; a sliding chunk: its
+            start). Keys sit at offset .. offset+k_len-1 and queries at the last q_len of those positions,
+            as the causal mask places them.
         scale: score scale, default 1/sqrt(head_dim).
 
     Returns:
@@ -120,9 +137,12 @@ def attention(
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q.shape[-2]} > {k.shape[-2]}")
     if rotary is not None:
-        q, k = rotary(q, k, positions=positions)
-    elif positions is not None:
-        raise ValueError("positions is only used with rotary=; got positions without a rotary embedding")
+        q, k = _rotate(rotary, q, k, positions, offset)
+    elif positions is not None or offset:
+        raise ValueError(
+            f"positions and offset are only used with rotary=; got positions={'a tensor' if positions is not None else None}, "
+            f"offset={offset!r} without a rotary embedding"
+        )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _checks.positive_float("scale", scale)
     enable_gqa = q.shape[1] != k.shape[1]
     q_len, k_len = q.shape[-2], k.shape[-2]

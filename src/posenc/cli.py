@@ -13,9 +13,9 @@ import importlib
 import sys
 
 _COMMAND_MODULES = (
-    "posenc.tour",  # posenc tour
-    "posenc.plots",  # posenc plot ...
-    "posenc.bench",  # posenc bench
+    "posenc.tools.tour",  # posenc tour
+    "posenc.tools.plot",  # posenc plot ...
+    "posenc.tools.bench",  # posenc bench
     "posenc.lab.commands",  # posenc train / eval / sample / compare
 )
 

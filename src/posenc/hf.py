@@ -7,7 +7,7 @@
   angles, per-call context for dynamic methods); :func:`unpatch_model` undoes it.
 - :func:`consistent_cache`: a transformers ``DynamicCache`` that re-rotates the cached keys whenever a
   length-dependent schedule (dynamic NTK, dynamic YaRN, LongRoPE) changes, so cached keys and the new
-  query always share one schedule (see :mod:`posenc.cache`).
+  query always share one schedule (see :mod:`posenc.rope.cache`).
 
 transformers itself is only imported by the caller: nothing here needs it at import time.
 """
@@ -19,8 +19,8 @@ from collections.abc import Mapping
 
 import torch
 
-from .frequencies import METHODS
-from .rotary import RotaryEmbedding
+from .rope.frequencies import METHODS
+from .rope import RotaryEmbedding
 
 __all__ = ["INTERLEAVED_MODEL_TYPES", "consistent_cache", "patch_model", "rotary_from_config", "unpatch_model"]
 
@@ -190,7 +190,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     transformers caches keys rotated with the schedule of the step that produced them; with dynamic NTK,
     dynamic YaRN or LongRoPE that schedule changes as the sequence grows, and decoding drifts from a full
     forward pass. This cache, before appending a layer's new keys, turns the cached ones from the schedule
-    they were rotated with to the one for the new total length (:func:`posenc.cache.turn_keys`): for a
+    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.turn_keys`): for a
     one-layer model, cached decoding then equals the full forward pass at every length (tested). Use it
     with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
 
@@ -201,7 +201,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     """
     from transformers import DynamicCache
 
-    from .cache import same_schedule, turn_keys
+    from .rope.cache import same_schedule, turn_keys
 
     if rotary is None:
         found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]

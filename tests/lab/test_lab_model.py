@@ -110,7 +110,7 @@ def test_rope_scaling_changes_only_rope_and_is_undone():
 
 def test_linear_scaling_equals_rotating_at_divided_positions():
     # Independent check of PI (Chen et al. 2023): factor f rotates position p as p / f.
-    from posenc.rotary import RotaryEmbedding
+    from posenc.rope import RotaryEmbedding
 
     m = tiny("rope", max_len=8)
     m.set_rope_scaling({"rope_type": "linear", "factor": 2.0})

@@ -28,7 +28,7 @@ from posenc.absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEn
 from posenc.bias import ALiBi
 from posenc.lab.data import VOCAB_SIZE
 from posenc.lab.errors import LabError
-from posenc.rotary import RotaryEmbedding
+from posenc.rope import RotaryEmbedding
 
 
 @dataclass(frozen=True)

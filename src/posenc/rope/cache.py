@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from .. import _checks
 from .layout import rerotate_keys
 
 __all__ = ["RotaryKVCache", "turn_keys"]

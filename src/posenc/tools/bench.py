@@ -1,6 +1,6 @@
 """``posenc bench``: RoPE throughput and long-context ALiBi attention, as a table and as JSON.
 
-The code it runs lives in :mod:`posenc.benchmarks`. Targets (2-core CPU, from issue 4) are checked and
+The code it runs lives in :mod:`posenc.tools.benchmarks`. Targets (2-core CPU, from issue 4) are checked and
 reported, not asserted: RoPE on q and k out of place >= 4x transformers' eager ``apply_rotary_pos_emb``;
 in place >= 60% of copy bandwidth; ALiBi attention at L = 16384 under 1.5 GB peak and within 3x of causal
 SDPA without a bias.

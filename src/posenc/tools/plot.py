@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import frequencies as F
+from ..rope import frequencies as F
 
 __all__ = ["add_commands", "plot_frequencies", "wavelengths"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import _checks
-from .kernels import apply_rotary, apply_rotary_qk
+from .. import _checks
+from ..kernels import apply_rotary, apply_rotary_qk
 
 __all__ = ["RotaryEmbedding", "rotate_eager"]
 
@@ -55,7 +55,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim: rotate only the first ``rotary_dim`` dimensions (even, <= head_dim); default head_dim.
         layout: "interleaved" (the chapter, Meta's Llama, GPT-J) or "half" (GPT-NeoX, Hugging Face Llama).
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict selecting a context-extension
-            method (see :mod:`posenc.frequencies`), or None.
+            method (see :mod:`posenc.rope.frequencies`), or None.
         max_position_embeddings: the model's context length, needed by some scaling methods.
 
     Shape:

@@ -50,8 +50,8 @@ def nominal_peak(device) -> float | None:
 
 
 def bench_rope(device, shapes, dtypes, repeat: int) -> list[dict]:
-    from ..kernels import apply_rotary_qk
-    from ..rotary import RotaryEmbedding
+    from ...kernels import apply_rotary_qk
+    from ...rope import RotaryEmbedding
 
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf
@@ -100,8 +100,8 @@ def bench_rope(device, shapes, dtypes, repeat: int) -> list[dict]:
 def bench_alibi(device, lengths, heads: int, dim: int, repeat: int) -> list[dict]:
     import torch.nn.functional as F
 
-    from .. import ALiBi, attention
-    from ..attention import alibi_backend
+    from ... import ALiBi, attention
+    from ...attention import alibi_backend
 
     alibi = ALiBi(heads).to(device)
     rows = []

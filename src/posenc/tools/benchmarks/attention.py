@@ -108,7 +108,7 @@ def run_case(case: str, seq: int, heads: int, dim: int, repeat: int) -> dict:
         if need > avail // 2:
             row.update(skipped=f"needs ~{need / 2**30:.0f} GiB for the bias and scores, {avail / 2**30:.0f} GiB available")
             return row
-    cmd = [sys.executable, "-m", "posenc.benchmarks.attention", case, str(seq), str(heads), str(dim), str(repeat)]
+    cmd = [sys.executable, "-m", "posenc.tools.benchmarks.attention", case, str(seq), str(heads), str(dim), str(repeat)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if proc.returncode != 0:
         row.update(skipped=f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")

@@ -16,7 +16,7 @@ import statistics
 
 import torch
 
-from ..rotary import RotaryEmbedding
+from ...rope import RotaryEmbedding
 from .timing import interleaved_times
 
 FULL_SHAPES = [(4, 16, 2048, 128), (1, 32, 8192, 128)]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
-from .kernels import apply_rotary
+from .. import _checks
+from ..kernels import apply_rotary
 
 __all__ = ["convert_layout", "layout_permutation", "rerotate_keys"]
 

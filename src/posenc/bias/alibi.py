@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
-from . import _checks
-from .reference import alibi_slopes as _reference_slopes
+from .. import _checks
+from ..reference import alibi_slopes as _reference_slopes
 
 __all__ = ["alibi_slopes", "ALiBi"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .. import RotaryEmbedding, reference
-from ..rotary import rotate_eager
+from ... import RotaryEmbedding, reference
+from ...rope.embedding import rotate_eager
 
 
 def _np(x) -> np.ndarray:
@@ -28,7 +28,7 @@ def _table(n: int, r: int, dtype=torch.float32):
 
 def run_checks(device: str = "cpu") -> list[str]:
     """Run every check with tensors on ``device``; returns the failures (empty when all pass)."""
-    from ..kernels.rotary_triton import RotaryTritonFunction, rotary_qk_triton
+    from ...kernels.rotary_triton import RotaryTritonFunction, rotary_qk_triton
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)

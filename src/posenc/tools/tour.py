@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import reference as R
-from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
-from .attention import attention
-from .bias import ALiBi
-from .rotary import RotaryEmbedding
+from .. import reference as R
+from ..absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
+from ..attention import attention
+from ..bias import ALiBi
+from ..rope import RotaryEmbedding
 
 
 @dataclass

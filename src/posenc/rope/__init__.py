@@ -1,0 +1,15 @@
+"""Rotary position embedding (RoPE; Su et al. 2021, arxiv.org/abs/2104.09864) and everything around it.
+
+- :mod:`.frequencies`: the frequency schedule of every context-extension method, and its registry;
+- :mod:`.table`: cos/sin tables for positions, with one lookup path;
+- :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
+- :mod:`.layout`: moving weights between pair layouts and keys between positions;
+- :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding.
+"""
+
+from .cache import RotaryKVCache
+from .embedding import RotaryEmbedding
+from .frequencies import rope_frequencies
+from .layout import convert_layout, rerotate_keys
+
+__all__ = ["RotaryEmbedding", "RotaryKVCache", "convert_layout", "rerotate_keys", "rope_frequencies"]
