@@ -17,7 +17,7 @@ import posenc
 from posenc import ALiBi, RotaryEmbedding, reference
 from posenc.attention import MATERIALISE_MAX, alibi_backend
 from posenc.kernels.alibi_blocked import alibi_attention_blocked
-from posenc.rope.embedding import rotate_eager
+from posenc.kernels import rotate_eager
 
 
 def _materialised(q, k, v, alibi, causal, scale=None):

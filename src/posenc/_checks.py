@@ -18,7 +18,28 @@ class PositionError(IndexError):
     """A position lies outside what an encoding can represent (a learned table past its end)."""
 
 
+def _plain(value):
+    """A numpy scalar or one-element tensor as the Python number it holds; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        return value.item()
+    if hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return value.item()  # numpy scalar
+    return value
+
+
+def number(name: str, value, *, minimum: float | None = None, strict: bool = False, integer: bool = False):
+    """A finite int/float (an int when ``integer``), optionally >= (or > when ``strict``) ``minimum``."""
+    value = _plain(value)
+    ok_type = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
+    if minimum is not None and (value <= minimum if strict else value < minimum):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}, got {value!r}")
+    return value
+
+
 def positive_int(name: str, value, minimum: int = 1) -> int:
+    value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -32,6 +53,7 @@ def even_int(name: str, value, minimum: int = 2) -> int:
 
 
 def positive_float(name: str, value) -> float:
+    value = _plain(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)

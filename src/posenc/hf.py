@@ -190,7 +190,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     transformers caches keys rotated with the schedule of the step that produced them; with dynamic NTK,
     dynamic YaRN or LongRoPE that schedule changes as the sequence grows, and decoding drifts from a full
     forward pass. This cache, before appending a layer's new keys, turns the cached ones from the schedule
-    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.turn_keys`): for a
+    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.rerotate_schedule`): for a
     one-layer model, cached decoding then equals the full forward pass at every length (tested). Use it
     with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
 
@@ -201,7 +201,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     """
     from transformers import DynamicCache
 
-    from .rope.cache import same_schedule, turn_keys
+    from .rope.cache import same_schedule, rerotate_schedule
 
     if rotary is None:
         found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]
@@ -219,7 +219,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
             old = self.schedules.get(layer_idx)
             if cached and old is not None and not same_schedule(schedule, old):
                 layer = self.layers[layer_idx]
-                layer.keys = turn_keys(layer.keys, old, schedule, self.rotary.layout)
+                layer.keys = rerotate_schedule(layer.keys, old, schedule, self.rotary.layout)
             self.schedules[layer_idx] = schedule
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 

@@ -14,6 +14,7 @@ never allocates a temporary the size of x:
   cache, a handful of out=/in-place ops per block, so main memory sees about one read and one write.
 
 Besides the output a call allocates only O(seq * rotary_dim) tables and one cache-sized scratch block.
+:func:`rotate_eager` is the readable version of the same rotation that every kernel is tested against.
 """
 
 from __future__ import annotations
@@ -25,6 +26,29 @@ import torch
 # 2^18..2^20 elements ran 1.2-2x faster than L2-sized 2^16..2^17 ones, because every op pays a thread
 # barrier, which under load can cost a scheduler time slice; fewer, larger ops win.
 _BLOCK_ELEMS = 1 << 19
+
+
+def rotate_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+    """Plain-torch rotation, the readable version every kernel is tested against.
+
+    Args:
+        x: (..., seq, head_dim).
+        cos, sin: (..., seq, rotary_dim / 2), broadcastable against x's leading dimensions.
+        layout: "interleaved" pairs (2i, 2i+1); "half" pairs (i, i + rotary_dim/2).
+
+    Returns:
+        x with its first rotary_dim dimensions rotated, in x's dtype. Arithmetic is float32 (float64 for float64 x).
+    """
+    r = 2 * cos.shape[-1]
+    work = _work_dtype(x.dtype)
+    a, b = (t.to(work) for t in _pairs(x, r, layout))
+    cos, sin = cos.to(work), sin.to(work)
+    first, second = a * cos - b * sin, a * sin + b * cos
+    if layout == "interleaved":
+        out = torch.stack((first, second), dim=-1).flatten(-2)
+    else:
+        out = torch.cat((first, second), dim=-1)
+    return torch.cat((out.to(x.dtype), x[..., r:]), dim=-1)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rotary_function import RotaryFunction
+
 
 @triton.jit
 def _rotate_tile(
@@ -123,7 +125,7 @@ def rotary_qk_triton(
     cu_seqlens: torch.Tensor | None = None,
     max_seqlen: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Rotate q and k (k may be None) in one launch. No autograd: see :class:`RotaryTritonFunction`.
+    """Rotate q and k (k may be None) in one launch. No autograd: see :func:`apply_rotary_triton`.
 
     Args:
         q: (batch, heads_q, seq, head_dim), or with ``cu_seqlens`` (heads_q, total_tokens, head_dim);
@@ -198,32 +200,28 @@ def rotary_qk_triton(
     return qo, ko
 
 
-class RotaryTritonFunction(torch.autograd.Function):
-    """Autograd wrapper: forward rotates by theta, backward by -theta (same kernel, sin negated)."""
+def apply_rotary_triton(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    interleaved: bool = True,
+    seqlen_offsets: int | torch.Tensor = 0,
+    cu_seqlens: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`rotary_qk_triton` with autograd (backward: the same kernel, sin negated). Same arguments."""
 
-    @staticmethod
-    def forward(ctx, q, k, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen):
-        qo, ko = rotary_qk_triton(q, k, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
-                                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
-        offs = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
-        ctx.save_for_backward(cos, sin, offs, cu_seqlens)
-        ctx.int_offset = 0 if offs is not None else seqlen_offsets
-        ctx.interleaved, ctx.max_seqlen = interleaved, max_seqlen
-        ctx.q_meta = (q.shape, q.dtype, q.device)
-        ctx.k_meta = None if k is None else (k.shape, k.dtype, k.device)
-        ctx.set_materialize_grads(False)
-        return qo, ko
+    def rotate(xs, conjugate=False):
+        if conjugate:  # gradients may arrive as expanded views; the kernel needs a unit last stride
+            xs = tuple(x.contiguous() for x in xs)
+        qo, ko = rotary_qk_triton(
+            xs[0], xs[1] if len(xs) > 1 else None, cos, sin,
+            interleaved=interleaved, conjugate=conjugate, seqlen_offsets=seqlen_offsets,
+            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+        )
+        return (qo,) if len(xs) == 1 else (qo, ko)
 
-    @staticmethod
-    def backward(ctx, gq, gk):
-        cos, sin, offs, cu_seqlens = ctx.saved_tensors
-        offsets = offs if offs is not None else ctx.int_offset
-        # An unused output has no gradient: rotating zeros gives zeros, so stand them in.
-        if gq is None:
-            gq = torch.zeros(ctx.q_meta[0], dtype=ctx.q_meta[1], device=ctx.q_meta[2])
-        if ctx.k_meta is not None and gk is None:
-            gk = torch.zeros(ctx.k_meta[0], dtype=ctx.k_meta[1], device=ctx.k_meta[2])
-        dq, dk = rotary_qk_triton(gq.contiguous(), None if gk is None else gk.contiguous(), cos, sin,
-                                  interleaved=ctx.interleaved, conjugate=True, seqlen_offsets=offsets,
-                                  cu_seqlens=cu_seqlens, max_seqlen=ctx.max_seqlen)
-        return (dq, dk) + (None,) * 6
+    out = RotaryFunction.apply(rotate, q) if k is None else RotaryFunction.apply(rotate, q, k)
+    return (out[0], None) if k is None else tuple(out)

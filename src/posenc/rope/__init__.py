@@ -7,9 +7,9 @@
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding.
 """
 
-from .cache import RotaryKVCache
+from .cache import RotaryKVCache, rerotate_keys
 from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
-from .layout import convert_layout, rerotate_keys
+from .layout import convert_layout
 
 __all__ = ["RotaryEmbedding", "RotaryKVCache", "convert_layout", "rerotate_keys", "rope_frequencies"]

@@ -1,4 +1,9 @@
-"""A key/value cache that keeps RoPE consistent when the frequency schedule changes with sequence length.
+"""Re-rotating cached keys, and a key/value cache that keeps RoPE consistent when the schedule changes.
+
+:func:`rerotate_keys` shifts keys that are already rotated by ``delta`` positions: R(p + d) = R(d) R(p)
+because the 2x2 rotations of one pair commute, so a cache can move keys (eviction, attention sinks,
+StreamingLLM) without keeping unrotated copies. :func:`rerotate_schedule` turns keys from one frequency
+schedule to another the same way.
 
 Length-dependent methods (dynamic NTK, dynamic YaRN, LongRoPE) choose their frequencies from the current
 sequence length L. A full forward pass over L tokens rotates every query and key with the schedule for
@@ -28,9 +33,10 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from .layout import rerotate_keys
+from ..kernels import apply_rotary
+from .table import align_to, cos_sin_of
 
-__all__ = ["RotaryKVCache", "turn_keys"]
+__all__ = ["RotaryKVCache", "rerotate_keys", "rerotate_schedule", "same_schedule"]
 
 MODES = ("unrotated", "rerotate", "hf")
 
@@ -77,14 +83,70 @@ class RotaryKVCache:
             self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
             return q_rot, rot.rotate(self.keys, context_len=total), self.values
         if self.mode == "rerotate" and self.keys is not None and not same_schedule(schedule, self._schedule):
-            self.keys = turn_keys(self.keys, self._schedule, schedule, rot.layout)
+            self.keys = rerotate_schedule(self.keys, self._schedule, schedule, rot.layout)
         k_rot = rot.rotate(k, offset=start, context_len=total)
         self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
         self._schedule = schedule
         return q_rot, self.keys, self.values
 
 
-def turn_keys(keys: torch.Tensor, old, new, layout: str) -> torch.Tensor:
+def rerotate_keys(
+    keys: torch.Tensor,
+    delta,
+    rotary=None,
+    *,
+    inv_freq: torch.Tensor | None = None,
+    layout: str | None = None,
+    context_len: int | None = None,
+) -> torch.Tensor:
+    """Move already rotated keys by ``delta`` positions: rotate(k, p) -> rotate(k, p + delta).
+
+    Args:
+        keys: (..., seq, head_dim), rotated at some positions p (attention factor included or not: it is untouched).
+        delta: a number, or a tensor (seq,) or (batch, seq) with one shift per key; negative shifts move keys
+            back (e.g. after evicting cache entries in front of them). Fractional shifts are allowed.
+        rotary: the :class:`posenc.RotaryEmbedding` that rotated the keys (gives inv_freq and layout), or None
+            with ``inv_freq`` (rotary_dim/2,) and ``layout`` given instead.
+        context_len: for length-dependent methods (dynamic NTK, dynamic YaRN, LongRoPE), the length whose
+            frequencies the keys were rotated with.
+
+    Returns:
+        keys rotated by delta * omega_k in every pair, same shape and dtype. Angles are formed in float64.
+    """
+    _checks.tensor_rank("keys", keys, 2)
+    if rotary is not None:
+        if inv_freq is not None:
+            raise ValueError("pass either rotary or inv_freq, not both")
+        inv64 = rotary.frequencies(context_len)[0]
+        layout = rotary.layout if layout is None else layout
+        if keys.shape[-1] != rotary.head_dim:
+            raise ValueError(f"keys must have last dimension head_dim={rotary.head_dim}, got shape {tuple(keys.shape)}")
+    else:
+        if inv_freq is None or layout is None:
+            raise ValueError("rerotate_keys needs rotary=RotaryEmbedding, or both inv_freq and layout")
+        inv64 = torch.as_tensor(inv_freq).to(torch.float64)
+        if inv64.dim() != 1 or 2 * inv64.shape[0] > keys.shape[-1]:
+            raise ValueError(f"inv_freq must have shape (rotary_dim/2,) with rotary_dim <= {keys.shape[-1]}, got {tuple(inv64.shape)}")
+    _checks.layout(layout)
+    seq = keys.shape[-2]
+    if isinstance(delta, torch.Tensor):
+        if delta.dim() not in (0, 1, 2) or (delta.dim() > 0 and delta.shape[-1] != seq):
+            raise ValueError(f"delta must be a number or a tensor of shape ({seq},) or (batch, {seq}), got {tuple(delta.shape)}")
+        d = delta.to(device=keys.device, dtype=torch.float64)
+    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
+        d = torch.tensor(float(delta), dtype=torch.float64, device=keys.device)
+    else:
+        raise ValueError(f"delta must be a number or a tensor, got {type(delta).__name__}")
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError("delta must be finite, got NaN or inf")
+    if d.dim() == 0:
+        d = d.expand(seq)
+    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    cos, sin = align_to(*cos_sin_of(d, inv64, 1.0, work), keys, "delta")
+    return apply_rotary(keys, cos, sin, layout=layout)
+
+
+def rerotate_schedule(keys: torch.Tensor, old, new, layout: str) -> torch.Tensor:
     """Keys rotated with schedule ``old`` at positions 0..n-1 -> the same keys rotated with ``new``.
 
     ``old``, ``new``: (inv_freq float64 (rotary_dim/2,), attention factor), as RotaryEmbedding.frequencies

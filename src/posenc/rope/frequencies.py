@@ -9,7 +9,11 @@ Every method function has the same shape::
 tensor of shape (dim/2,) with omega_k for pair k, and ``attention_factor`` the float that multiplies cos
 and sin (as Hugging Face transformers applies it; 1.0 for most methods). Everything is computed in
 float64 so that angles p * omega_k stay accurate at positions in the millions; :func:`rope_frequencies`
-returns float32, as transformers does.
+returns float32 by default, as transformers does.
+
+A scaling dict is validated once into a :class:`Schedule` (method, parameters, base, rotary dimension):
+``Schedule.at(seq_len, factor)`` is the one place the method functions are called, by
+:func:`rope_frequencies` and by :class:`posenc.RotaryEmbedding` alike.
 
 Methods (registry names in quotes; the formulas follow ``transformers.modeling_rope_utils``, which is
 the ground truth the tests compare against):
@@ -36,9 +40,12 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from .. import _checks
+from ..angles import inverse_frequencies as _schedule
+
 __all__ = [
     "METHODS",
-    "ScalingSpec",
+    "Schedule",
     "default_frequencies",
     "dynamic_ntk_frequencies",
     "dynamic_yarn_frequencies",
@@ -46,20 +53,13 @@ __all__ = [
     "llama3_frequencies",
     "longrope_frequencies",
     "ntk_frequencies",
-    "parse_scaling",
     "proportional_frequencies",
+    "resolve_schedule",
     "rope_frequencies",
-    "rope_frequencies_float64",
     "yarn_frequencies",
 ]
 
 Frequencies = tuple[torch.Tensor, float]
-
-
-def _schedule(dim: int, base: float) -> torch.Tensor:
-    """base^(-2k/dim), k = 0 .. dim/2 - 1, float64. Shape (dim/2,)."""
-    k = torch.arange(0, dim, 2, dtype=torch.float64)
-    return 1.0 / base ** (k / dim)
 
 
 # ---------------------------------------------------------------------------------------------- methods
@@ -244,6 +244,9 @@ def longrope_frequencies(
             attention_factor = 1.0
         else:
             attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_max_position_embeddings))
+    for key, rescale in (("short_factor", short_factor), ("long_factor", long_factor)):
+        if len(rescale) != dim // 2:
+            raise ValueError(f"scaling[{key!r}] must have rotary_dim/2 = {dim // 2} entries, got {len(rescale)}")
     use_long = seq_len is not None and seq_len > original_max_position_embeddings
     rescale = torch.tensor(long_factor if use_long else short_factor, dtype=torch.float64)
     return _schedule(dim, base) / rescale, float(attention_factor)
@@ -270,28 +273,45 @@ def proportional_frequencies(
 # ---------------------------------------------------------------------------------------------- registry
 @dataclasses.dataclass(frozen=True)
 class _Method:
-    fn: Callable[..., Frequencies]
-    required: tuple[str, ...]
-    optional: tuple[str, ...] = ()
-    needs_max_position: bool = False  # takes max_position_embeddings from the caller
-    length_dependent: bool = False  # inv_freq / attention factor change with seq_len
-    factor_key: str | None = "factor"  # the parameter a per-sequence factor overrides
+    """How a scaling dict maps onto one method function.
 
+    required / optional: the dict keys the function takes (besides the keys every method accepts).
+    context: keyword arguments the function takes from the model rather than the dict
+        ("max_position_embeddings", "partial_rotary_factor").
+    needs_max_position: a predicate on the dict's parameters: True when max_position_embeddings must be given.
+    length_dependent: inv_freq / attention factor change with seq_len.
+    factor_key: the parameter a per-sequence factor overrides (None: cannot be overridden).
+    whole_head: frequencies span the whole head (zero past the rotated fraction) instead of rotary_dim.
+    """
+
+    fn: Callable[..., Frequencies]
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    context: tuple[str, ...] = ()
+    needs_max_position: Callable[[Mapping], bool] = lambda params: False
+    length_dependent: bool = False
+    factor_key: str | None = "factor"
+    whole_head: bool = False
+
+
+_YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
 METHODS: dict[str, _Method] = {
-    "default": _Method(default_frequencies, (), factor_key=None),
+    "default": _Method(default_frequencies, factor_key=None),
     "linear": _Method(linear_frequencies, ("factor",)),
     "ntk": _Method(ntk_frequencies, ("factor",)),
-    "dynamic": _Method(dynamic_ntk_frequencies, ("factor",), needs_max_position=True, length_dependent=True),
-    "yarn": _Method(
-        yarn_frequencies,
-        ("factor", "original_max_position_embeddings"),
-        ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+    "dynamic": _Method(
+        dynamic_ntk_frequencies,
+        ("factor",),
+        context=("max_position_embeddings",),
+        needs_max_position=lambda params: True,
+        length_dependent=True,
     ),
+    "yarn": _Method(yarn_frequencies, ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL),
     "dynamic_yarn": _Method(
         dynamic_yarn_frequencies,
         ("original_max_position_embeddings",),
-        ("factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"),
+        ("factor", *_YARN_OPTIONAL),
         length_dependent=True,
         factor_key=None,
     ),
@@ -302,10 +322,14 @@ METHODS: dict[str, _Method] = {
         longrope_frequencies,
         ("short_factor", "long_factor", "original_max_position_embeddings"),
         ("factor", "attention_factor"),
+        context=("max_position_embeddings",),
+        needs_max_position=lambda params: "factor" not in params,  # the factor is derived from it
         length_dependent=True,
         factor_key=None,
     ),
-    "proportional": _Method(proportional_frequencies, (), ("factor",)),
+    "proportional": _Method(
+        proportional_frequencies, (), ("factor",), context=("partial_rotary_factor",), whole_head=True
+    ),
 }
 """Registry: method name -> its function and the keys its dict takes (besides rope_type/type, rope_theta,
 partial_rotary_factor, which every method accepts)."""
@@ -315,15 +339,20 @@ _COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
 
 
 @dataclasses.dataclass(frozen=True)
-class ScalingSpec:
-    """A validated scaling dict: the method name, its parameters, and the dict's own rope_theta and
-    partial_rotary_factor (None when absent). Build with :func:`parse_scaling`."""
+class Schedule:
+    """A resolved RoPE frequency schedule: method, parameters, base and the dimensions it covers.
+
+    Build with :func:`resolve_schedule`. ``rotary_dim`` is how many dimensions of a head rotate; ``freq_dim``
+    is the dimension the method's schedule is computed over (rotary_dim, or the whole head for "proportional").
+    """
 
     method: str
     params: Mapping[str, object]
-    rope_theta: float | None = None
-    partial_rotary_factor: float | None = None
+    base: float
+    head_dim: int
+    rotary_dim: int
     max_position_embeddings: int | None = None
+    partial_rotary_factor: float = 1.0
 
     @property
     def length_dependent(self) -> bool:
@@ -334,11 +363,13 @@ class ScalingSpec:
     def factor_key(self) -> str | None:
         return METHODS[self.method].factor_key
 
-    def frequencies(self, dim: int, *, base: float, seq_len: int | None = None, factor: float | None = None) -> Frequencies:
-        """float64 inv_freq (dim/2,) and attention factor for rotary dimension ``dim``.
+    @property
+    def freq_dim(self) -> int:
+        return self.head_dim if METHODS[self.method].whole_head else self.rotary_dim
 
-        ``factor`` overrides the dict's scaling factor (per-sequence factors); methods without one reject it.
-        """
+    def at(self, seq_len: int | None = None, factor: float | None = None) -> Frequencies:
+        """float64 inv_freq (freq_dim/2,) and attention factor at sequence length ``seq_len`` (None: the
+        original context), with the dict's scaling factor replaced by ``factor`` if given."""
         m = METHODS[self.method]
         kwargs = dict(self.params)
         if factor is not None:
@@ -347,38 +378,19 @@ class ScalingSpec:
                     f"factor cannot be overridden for rope_type {self.method!r}; methods with a factor: "
                     f"{', '.join(k for k, v in METHODS.items() if v.factor_key)}"
                 )
-            kwargs[m.factor_key] = _number("factor", factor, minimum=1.0)
-        if m.needs_max_position:
-            kwargs["max_position_embeddings"] = self.max_position_embeddings
-        if self.method == "longrope":
-            kwargs["max_position_embeddings"] = self.max_position_embeddings
-            for key in ("short_factor", "long_factor"):
-                if len(kwargs[key]) != dim // 2:
-                    raise ValueError(
-                        f"scaling[{key!r}] must have rotary_dim/2 = {dim // 2} entries, got {len(kwargs[key])}"
-                    )
-        if self.method == "proportional" and self.partial_rotary_factor is not None:
-            kwargs["partial_rotary_factor"] = self.partial_rotary_factor
+            kwargs[m.factor_key] = _checks.number("factor", factor, minimum=1.0)
+        context = {
+            "max_position_embeddings": self.max_position_embeddings,
+            "partial_rotary_factor": self.partial_rotary_factor,
+        }
+        kwargs.update({k: context[k] for k in m.context})
         if seq_len is not None:
-            seq_len = _number("seq_len", seq_len, minimum=1, integer=True)
-        return m.fn(dim, base=base, seq_len=seq_len, **kwargs)
+            seq_len = _checks.number("seq_len", seq_len, minimum=1, integer=True)
+        return m.fn(self.freq_dim, base=self.base, seq_len=seq_len, **kwargs)
 
 
-def _number(name: str, value, minimum: float | None = None, integer: bool = False, strict: bool = False):
-    ok_type = (int,) if integer else (int, float)
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
-        kind = "an integer" if integer else "a finite number"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum}, got {value!r}")
-    return value
-
-
-def parse_scaling(scaling, *, max_position_embeddings: int | None = None) -> ScalingSpec:
-    """Validate a Hugging Face ``rope_scaling`` (key ``type`` or ``rope_type``) or ``rope_parameters``
-    (``rope_theta`` inside) dict. Raises ValueError naming the key, the value and what is accepted."""
+def _method_and_params(scaling) -> tuple[str, dict]:
+    """Validate a scaling dict's method name and keys; returns (method, its parameters)."""
     if not isinstance(scaling, Mapping):
         raise ValueError(f"scaling must be a dict like {{'rope_type': 'yarn', 'factor': 4.0, ...}} or None, got {scaling!r}")
     accepted = ", ".join(map(repr, METHODS))
@@ -392,33 +404,13 @@ def parse_scaling(scaling, *, max_position_embeddings: int | None = None) -> Sca
     missing = [k for k in m.required if scaling.get(k) is None]
     if missing:
         raise ValueError(f"scaling for rope_type {name!r} is missing {missing}; it needs {list(m.required)}")
-    unknown = sorted(set(scaling) - set(m.required) - set(m.optional) - set(_COMMON_KEYS))
+    known = set(m.required) | set(m.optional) | set(_COMMON_KEYS)
+    unknown = sorted(set(scaling) - known)
     if unknown:
-        raise ValueError(
-            f"scaling for rope_type {name!r} has unknown keys {unknown}; accepted: "
-            f"{sorted(set(m.required) | set(m.optional) | set(_COMMON_KEYS))}"
-        )
+        raise ValueError(f"scaling for rope_type {name!r} has unknown keys {unknown}; accepted: {sorted(known)}")
     params = {k: scaling[k] for k in (*m.required, *m.optional) if scaling.get(k) is not None}
     _validate(name, params)
-
-    theta = scaling.get("rope_theta")
-    if theta is not None:
-        theta = float(_number("scaling['rope_theta']", theta, minimum=0, strict=True))
-    prf = scaling.get("partial_rotary_factor")
-    if prf is not None:
-        prf = float(_number("scaling['partial_rotary_factor']", prf, minimum=0, strict=True))
-        if prf > 1:
-            raise ValueError(f"scaling['partial_rotary_factor'] must be in (0, 1], got {prf!r}")
-    if max_position_embeddings is not None:
-        _number("max_position_embeddings", max_position_embeddings, minimum=1, integer=True)
-    needs_max = m.needs_max_position or (name == "longrope" and "factor" not in params)
-    if needs_max and max_position_embeddings is None:
-        raise ValueError(
-            f"rope_type {name!r} needs max_position_embeddings (the model's context length"
-            + (", to derive the factor" if name == "longrope" else "")
-            + "), got None"
-        )
-    return ScalingSpec(name, params, theta, prf, max_position_embeddings)
+    return name, params
 
 
 def _validate(name: str, p: dict) -> None:
@@ -426,15 +418,15 @@ def _validate(name: str, p: dict) -> None:
         return f"scaling[{k!r}]"
 
     if "factor" in p:
-        _number(key("factor"), p["factor"], minimum=1.0)
+        _checks.number(key("factor"), p["factor"], minimum=1.0)
     if "original_max_position_embeddings" in p:
-        _number(key("original_max_position_embeddings"), p["original_max_position_embeddings"], minimum=1, integer=True)
+        _checks.number(key("original_max_position_embeddings"), p["original_max_position_embeddings"], minimum=1, integer=True)
     for k in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor"):
         if k in p:
-            _number(key(k), p[k], minimum=0, strict=True)
+            _checks.number(key(k), p[k], minimum=0, strict=True)
     for k in ("mscale", "mscale_all_dim"):
         if k in p:
-            _number(key(k), p[k], minimum=0)
+            _checks.number(key(k), p[k], minimum=0)
     if "truncate" in p and not isinstance(p["truncate"], bool):
         raise ValueError(f"{key('truncate')} must be True or False, got {p['truncate']!r}")
     if p.get("beta_fast", 32.0) < p.get("beta_slow", 1.0):
@@ -453,38 +445,72 @@ def _validate(name: str, p: dict) -> None:
             if not isinstance(v, (list, tuple)) or not v:
                 raise ValueError(f"{key(k)} must be a non-empty list of numbers > 0, got {v!r}")
             for x in v:
-                _number(key(k) + " entries", x, minimum=0, strict=True)
+                _checks.number(key(k) + " entries", x, minimum=0, strict=True)
 
 
-def _rotary_dim(head_dim: int, partial_rotary_factor: float) -> int:
-    dim = int(head_dim * partial_rotary_factor)  # int(), as transformers rounds
-    if dim < 2 or dim % 2:
-        raise ValueError(
-            f"head_dim * partial_rotary_factor = {head_dim} * {partial_rotary_factor} gives rotary dimension {dim}; "
-            "it must be even and >= 2"
-        )
-    return dim
+def _partial_rotary_factor(name: str, value) -> float:
+    value = float(_checks.number(name, value, minimum=0, strict=True))
+    if value > 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return value
 
 
-def rope_frequencies_float64(
-    rotary_dim: int,
+def resolve_schedule(
+    head_dim: int,
     *,
     base: float = 10000.0,
     scaling=None,
+    rotary_dim: int | None = None,
+    partial_rotary_factor: float | None = None,
     max_position_embeddings: int | None = None,
-    seq_len: int | None = None,
-) -> Frequencies:
-    """float64 inv_freq (rotary_dim/2,) and attention factor for an already resolved rotary dimension.
+) -> Schedule:
+    """Validate everything that defines a RoPE schedule, once. Pure: nothing passed in is modified.
 
-    ``scaling``: a dict (see :func:`rope_frequencies`), a :class:`ScalingSpec`, or None. The dict's
-    rope_theta, if present, replaces ``base``; its partial_rotary_factor is the caller's business
-    (:class:`posenc.RotaryEmbedding` resolves it), except for "proportional", where it marks the pairs left unrotated.
+    A ``rope_theta`` inside ``scaling`` (the ``rope_parameters`` form) replaces ``base``; a
+    ``partial_rotary_factor`` inside it replaces the argument. The rotary dimension is ``rotary_dim`` if
+    given, else int(head_dim * partial_rotary_factor) (as transformers rounds); both given must agree.
+    Raises ValueError naming the argument or key, the value and what is accepted.
     """
-    if scaling is None:
-        return default_frequencies(rotary_dim, base=base)
-    spec = scaling if isinstance(scaling, ScalingSpec) else parse_scaling(scaling, max_position_embeddings=max_position_embeddings)
-    theta = base if spec.rope_theta is None else spec.rope_theta
-    return spec.frequencies(rotary_dim, base=theta, seq_len=seq_len)
+    _checks.positive_int("head_dim", head_dim, minimum=2)
+    base = float(_checks.number("base", base, minimum=0, strict=True))
+    name, params = ("default", {}) if scaling is None else _method_and_params(scaling)
+    if scaling is not None and scaling.get("rope_theta") is not None:
+        base = float(_checks.number("scaling['rope_theta']", scaling["rope_theta"], minimum=0, strict=True))
+    prf = None if partial_rotary_factor is None else _partial_rotary_factor("partial_rotary_factor", partial_rotary_factor)
+    if scaling is not None and scaling.get("partial_rotary_factor") is not None:
+        prf = _partial_rotary_factor("scaling['partial_rotary_factor']", scaling["partial_rotary_factor"])
+    if max_position_embeddings is not None:
+        _checks.number("max_position_embeddings", max_position_embeddings, minimum=1, integer=True)
+    if METHODS[name].needs_max_position(params) and max_position_embeddings is None:
+        raise ValueError(
+            f"rope_type {name!r} needs max_position_embeddings (the model's context length"
+            + (", to derive the factor" if name == "longrope" else "")
+            + "), got None"
+        )
+    rotary_dim = _rotary_dim(head_dim, rotary_dim, None if METHODS[name].whole_head else prf)
+    return Schedule(name, params, base, head_dim, rotary_dim, max_position_embeddings, 1.0 if prf is None else prf)
+
+
+def _rotary_dim(head_dim: int, rotary_dim: int | None, prf: float | None) -> int:
+    """The rotated dimensions: rotary_dim, or int(head_dim * prf), whichever is given (both must agree)."""
+    if rotary_dim is not None:
+        _checks.even_int("rotary_dim", rotary_dim)
+        if rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
+    if prf is None:
+        return head_dim if rotary_dim is None else rotary_dim
+    dim = int(head_dim * prf)  # int(), as transformers rounds
+    if dim < 2 or dim % 2:
+        raise ValueError(
+            f"head_dim * partial_rotary_factor = {head_dim} * {prf} gives rotary dimension {dim}; "
+            "it must be even and >= 2"
+        )
+    if rotary_dim is not None and rotary_dim not in (dim, head_dim):
+        raise ValueError(
+            f"rotary_dim={rotary_dim} disagrees with partial_rotary_factor={prf} "
+            f"(head_dim * factor = {dim}); give one of them"
+        )
+    return dim
 
 
 def rope_frequencies(
@@ -495,7 +521,8 @@ def rope_frequencies(
     seq_len: int | None = None,
     max_position_embeddings: int | None = None,
     partial_rotary_factor: float = 1.0,
-) -> tuple[torch.Tensor, float]:
+    dtype: torch.dtype = torch.float32,
+) -> Frequencies:
     """The RoPE inverse frequencies and attention factor a Hugging Face config describes.
 
     Args:
@@ -508,28 +535,19 @@ def rope_frequencies(
             ``factor`` derives its factor from it).
         partial_rotary_factor: rotate only int(head_dim * partial_rotary_factor) dimensions; a value inside
             ``scaling`` takes precedence.
+        dtype: of the returned frequencies; float32 as transformers returns them, or float64 (computed in
+            float64 either way).
 
     Returns:
-        (inv_freq, attention_factor): float32 tensor (rotary_dim/2,), and the float that multiplies cos and sin.
+        (inv_freq, attention_factor): a tensor (rotary_dim/2,) (head_dim/2 for "proportional", zero past the
+        rotated fraction), and the float that multiplies cos and sin.
     """
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2:
-        raise ValueError(f"head_dim must be an integer >= 2, got {head_dim!r}")
-    base = float(_number("base", base, minimum=0, strict=True))
-    prf = float(_number("partial_rotary_factor", partial_rotary_factor, minimum=0, strict=True))
-    if prf > 1:
-        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
-    if seq_len is not None:
-        _number("seq_len", seq_len, minimum=1, integer=True)
-    if scaling is None:
-        inv, attn = default_frequencies(_rotary_dim(head_dim, prf), base=base)
-        return inv.to(torch.float32), attn
-    spec = scaling if isinstance(scaling, ScalingSpec) else parse_scaling(scaling, max_position_embeddings=max_position_embeddings)
-    if spec.partial_rotary_factor is not None:
-        prf = spec.partial_rotary_factor
-    # "proportional" always returns head_dim/2 frequencies, zero past the rotated fraction
-    dim = head_dim if spec.method == "proportional" else _rotary_dim(head_dim, prf)
-    theta = base if spec.rope_theta is None else spec.rope_theta
-    if spec.method == "proportional":
-        spec = dataclasses.replace(spec, partial_rotary_factor=prf)
-    inv, attn = spec.frequencies(dim, base=theta, seq_len=seq_len)
-    return inv.to(torch.float32), float(attn)
+    schedule = resolve_schedule(
+        head_dim,
+        base=base,
+        scaling=scaling,
+        partial_rotary_factor=partial_rotary_factor,
+        max_position_embeddings=max_position_embeddings,
+    )
+    inv, attn = schedule.at(seq_len)
+    return inv.to(dtype), float(attn)

@@ -1,12 +1,9 @@
-"""Moving RoPE between layouts and between positions without recomputing from scratch.
+"""Moving a RoPE checkpoint between pair layouts.
 
-- :func:`convert_layout` permutes the rows of q/k projection weights (and biases) so that a checkpoint
-  trained with one pairing ("interleaved": pairs (2i, 2i+1), Meta's Llama, GPT-J; "half": pairs
-  (i, i + r/2), GPT-NeoX, Hugging Face Llama) gives the same attention scores under the other. This is
-  the permutation Hugging Face's Llama conversion script applies to Meta's checkpoints.
-- :func:`rerotate_keys` shifts keys that are already rotated by ``delta`` positions: R(p + d) = R(d) R(p)
-  because the 2x2 rotations of one pair commute, so a cache can move keys (eviction, attention sinks,
-  StreamingLLM) without keeping unrotated copies.
+:func:`convert_layout` permutes the rows of q/k projection weights (and biases) so that a checkpoint
+trained with one pairing ("interleaved": pairs (2i, 2i+1), Meta's Llama, GPT-J; "half": pairs
+(i, i + r/2), GPT-NeoX, Hugging Face Llama) gives the same attention scores under the other. This is
+the permutation Hugging Face's Llama conversion script applies to Meta's checkpoints.
 """
 
 from __future__ import annotations
@@ -14,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
-from ..kernels import apply_rotary
 
-__all__ = ["convert_layout", "layout_permutation", "rerotate_keys"]
+__all__ = ["convert_layout", "layout_permutation"]
 
 
 def layout_permutation(head_dim: int, from_: str, to: str, rotary_dim: int | None = None) -> torch.Tensor:
@@ -72,65 +68,3 @@ def convert_layout(
     heads = out // head_dim
     w = weight.reshape(heads, head_dim, *weight.shape[1:])
     return w[:, perm.to(weight.device)].reshape(weight.shape).clone()
-
-
-def rerotate_keys(
-    keys: torch.Tensor,
-    delta,
-    rotary=None,
-    *,
-    inv_freq: torch.Tensor | None = None,
-    layout: str | None = None,
-    context_len: int | None = None,
-) -> torch.Tensor:
-    """Move already rotated keys by ``delta`` positions: rotate(k, p) -> rotate(k, p + delta).
-
-    Args:
-        keys: (..., seq, head_dim), rotated at some positions p (attention factor included or not: it is untouched).
-        delta: a number, or a tensor (seq,) or (batch, seq) with one shift per key; negative shifts move keys
-            back (e.g. after evicting cache entries in front of them). Fractional shifts are allowed.
-        rotary: the :class:`posenc.RotaryEmbedding` that rotated the keys (gives inv_freq and layout), or None
-            with ``inv_freq`` (rotary_dim/2,) and ``layout`` given instead.
-        context_len: for length-dependent methods (dynamic NTK, dynamic YaRN, LongRoPE), the length whose
-            frequencies the keys were rotated with.
-
-    Returns:
-        keys rotated by delta * omega_k in every pair, same shape and dtype. Angles are formed in float64.
-    """
-    _checks.tensor_rank("keys", keys, 2)
-    if rotary is not None:
-        if inv_freq is not None:
-            raise ValueError("pass either rotary or inv_freq, not both")
-        inv64 = rotary.frequencies(context_len)[0] if context_len is not None else rotary._inv_freq64
-        layout = rotary.layout if layout is None else layout
-        if keys.shape[-1] != rotary.head_dim:
-            raise ValueError(f"keys must have last dimension head_dim={rotary.head_dim}, got shape {tuple(keys.shape)}")
-    else:
-        if inv_freq is None or layout is None:
-            raise ValueError("rerotate_keys needs rotary=RotaryEmbedding, or both inv_freq and layout")
-        inv64 = torch.as_tensor(inv_freq).to(torch.float64)
-        if inv64.dim() != 1 or 2 * inv64.shape[0] > keys.shape[-1]:
-            raise ValueError(f"inv_freq must have shape (rotary_dim/2,) with rotary_dim <= {keys.shape[-1]}, got {tuple(inv64.shape)}")
-    _checks.layout(layout)
-    seq = keys.shape[-2]
-    if isinstance(delta, torch.Tensor):
-        if delta.dim() not in (0, 1, 2) or (delta.dim() > 0 and delta.shape[-1] != seq):
-            raise ValueError(f"delta must be a number or a tensor of shape ({seq},) or (batch, {seq}), got {tuple(delta.shape)}")
-        d = delta.to(device=keys.device, dtype=torch.float64)
-    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
-        d = torch.tensor(float(delta), dtype=torch.float64, device=keys.device)
-    else:
-        raise ValueError(f"delta must be a number or a tensor, got {type(delta).__name__}")
-    if not bool(torch.isfinite(d).all()):
-        raise ValueError("delta must be finite, got NaN or inf")
-    if d.dim() == 0:
-        d = d.expand(seq)
-    theta = d[..., None] * inv64.to(keys.device)  # (seq, r/2) or (batch, seq, r/2)
-    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    cos, sin = torch.cos(theta).to(work), torch.sin(theta).to(work)
-    if cos.dim() == 3:  # line batch up with keys' first axis, broadcast over heads
-        if keys.dim() < 3 or cos.shape[0] not in (1, keys.shape[0]):
-            raise ValueError(f"delta of shape {tuple(delta.shape)} does not match keys of shape {tuple(keys.shape)}")
-        shape = (cos.shape[0],) + (1,) * (keys.dim() - 3) + cos.shape[1:]
-        cos, sin = cos.reshape(shape), sin.reshape(shape)
-    return apply_rotary(keys, cos, sin, layout=layout)

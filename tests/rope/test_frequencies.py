@@ -123,8 +123,9 @@ def test_matches_transformers_on_grid(rope_type):
                     hf64, hf_attn = hf_frequencies(params, head_dim, max_pos, seq_len)
                 assert hf64.dtype == torch.float64
                 inv, attn = posenc.rope_frequencies(head_dim, scaling=params, seq_len=seq_len, max_position_embeddings=max_pos)
-                dim = head_dim if rope_type == "proportional" else int(head_dim * prf)
-                inv64, _ = F.rope_frequencies_float64(dim, scaling=params, max_position_embeddings=max_pos, seq_len=seq_len)
+                inv64, _ = F.rope_frequencies(
+                    head_dim, scaling=params, max_position_embeddings=max_pos, seq_len=seq_len, dtype=torch.float64
+                )
                 assert inv.dtype == torch.float32 and inv.shape == hf32.shape, (params, inv.shape, hf32.shape)
                 worst["inv32"] = max(worst["inv32"], rel_err(inv, hf64))
                 worst["inv64"] = max(worst["inv64"], rel_err(inv64, hf64))
@@ -185,7 +186,7 @@ def test_default_is_reference():
 
 
 def test_float64_is_accurate():
-    inv, _ = F.rope_frequencies_float64(128, base=5e5, scaling={"rope_type": "linear", "factor": 8.0})
+    inv, _ = F.rope_frequencies(128, base=5e5, scaling={"rope_type": "linear", "factor": 8.0}, dtype=torch.float64)
     assert inv.dtype == torch.float64
     np.testing.assert_allclose(inv.numpy(), R.inverse_frequencies(128, 5e5) / 8, rtol=1e-14)
 

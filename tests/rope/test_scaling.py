@@ -10,7 +10,7 @@ import torch
 from posenc import RotaryEmbedding
 from posenc import reference as R
 from posenc.rope.cache import RotaryKVCache
-from posenc.rope.frequencies import rope_frequencies_float64
+from posenc.rope.frequencies import rope_frequencies
 
 ORIG = 64
 HEAD_DIM = 32
@@ -36,7 +36,9 @@ def rotary(name, layout="half"):
 
 def expected(x, positions, name, layout, context_len):
     """float64 numpy reference with the schedule posenc.rope.frequencies gives for that context length."""
-    inv, attn = rope_frequencies_float64(HEAD_DIM, scaling=SCALINGS[name], max_position_embeddings=ORIG, seq_len=context_len)
+    inv, attn = rope_frequencies(
+        HEAD_DIM, scaling=SCALINGS[name], max_position_embeddings=ORIG, seq_len=context_len, dtype=torch.float64
+    )
     base = (SCALINGS[name] or {}).get("rope_theta", 1e4)
     return R.rope(x.double().numpy(), positions, base=base, layout=layout, inv_freq=inv.numpy(), attention_factor=attn)
 
@@ -82,7 +84,7 @@ def test_per_sequence_factors():
     got = rot.rotate(x, positions, factor=factors)
     for i, f in enumerate(factors.tolist()):
         scaling = {**SCALINGS["yarn"], "factor": f}
-        inv, attn = rope_frequencies_float64(HEAD_DIM, scaling=scaling)
+        inv, attn = rope_frequencies(HEAD_DIM, scaling=scaling, dtype=torch.float64)
         want = R.rope(x[i].double().numpy(), positions.numpy(), layout="half", inv_freq=inv.numpy(), attention_factor=attn)
         assert np.abs(got[i].numpy() - want).max() <= 1e-5
         single = rot.rotate(x[i : i + 1], positions, factor=f)

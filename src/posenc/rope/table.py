@@ -1,0 +1,180 @@
+"""cos/sin tables for RoPE: theta = p * omega_k, attention factor included, with one lookup path.
+
+A :class:`CosSinTable` answers "cos and sin at these positions" for one :class:`~.frequencies.Schedule`:
+
+* the schedule's frequencies at the original context (static methods, and length-dependent methods up
+  to it) are memoised as float32 rows 0..n-1 per device, grown by doubling, up to ``CACHE_LIMIT``
+  positions: a contiguous range of positions is a slice of them, integer positions a gather;
+* anything else is formed afresh from float64 angles: fractional positions, positions past the cache
+  limit (a table reaching position 10^7 would take gigabytes), float64 requests, and per-sequence
+  schedules (a length-dependent method at another context length, or a per-sequence factor).
+
+The cache is a plain attribute, not a buffer: it never reaches a ``state_dict`` and a model-wide
+``.half()`` cannot round it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..angles import angles
+from .frequencies import Schedule
+
+__all__ = ["CACHE_LIMIT", "CosSinTable", "align_to", "cos_sin_of"]
+
+CACHE_LIMIT = 1 << 16  # positions past this are computed per call instead of growing the cache
+
+
+class CosSinTable:
+    """cos/sin of one RoPE schedule. Shapes: (seq, rotary_dim/2), or (batch, seq, rotary_dim/2) when the
+    positions are (batch, seq) or a per-sequence schedule is asked for."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        inv, attn = schedule.at()
+        self.inv_freq64: torch.Tensor = inv  # (rotary_dim/2,) float64, at the original context
+        self.attention_factor: float = float(attn)
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ schedules
+    def frequencies(self, context_len=None, factor=None):
+        """float64 inverse frequencies and attention factor for a context length and/or scaling factor.
+
+        Args:
+            context_len: the sequence length length-dependent methods scale for (an int, or a (batch,) tensor
+                with one length per sequence); None: the original context. Ignored by static methods.
+            factor: overrides the scaling dict's ``factor`` (a number or a (batch,) tensor, one per sequence),
+                for methods that have one (linear, ntk, dynamic, yarn, llama3, proportional).
+
+        Returns:
+            inv_freq (rotary_dim/2,) and a float, or, when either argument is a (batch,) tensor, inv_freq
+            (batch, rotary_dim/2) and attention factors (batch,) float64.
+        """
+        if factor is not None and self.schedule.method == "default":
+            raise ValueError("factor needs a scaling method (RotaryEmbedding(..., scaling={...})), got scaling=None")
+        lengths, factors = _per_sequence(context_len), _per_sequence(factor)
+        if lengths is None and factors is None:
+            return self._one(_scalar(context_len), _scalar(factor))
+        n = len(lengths if lengths is not None else factors)
+        lengths = lengths or [_scalar(context_len)] * n
+        factors = factors or [_scalar(factor)] * n
+        if len(lengths) != len(factors):
+            raise ValueError(
+                f"context_len and factor must give one value per sequence each, got {len(lengths)} and {len(factors)}"
+            )
+        memo: dict = {}  # sequences in a batch often share a length
+        rows = [memo.setdefault((c, f), self._one(c, f)) for c, f in zip(lengths, factors, strict=True)]
+        inv = torch.stack([r[0] for r in rows])
+        attn = torch.tensor([float(r[1]) for r in rows], dtype=torch.float64)
+        return inv, attn
+
+    def _one(self, context_len, factor):
+        if factor is None and (context_len is None or not self.schedule.length_dependent):
+            return self.inv_freq64, self.attention_factor
+        return self.schedule.at(context_len if self.schedule.length_dependent else None, factor)
+
+    # ------------------------------------------------------------------ lookup
+    def lookup(
+        self,
+        positions: torch.Tensor | range,
+        *,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        context_len=None,
+        factor=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at ``positions``: a ``range`` (a contiguous run, on ``device``) or a tensor (seq,) or
+        (batch, seq), integer or fractional. ``context_len`` / ``factor``: see :meth:`frequencies`; for a
+        length-dependent method the context defaults to 1 + the largest position, per sequence for (batch,
+        seq) positions, so a sequence's rotation never depends on what else is in the batch."""
+        if isinstance(positions, range):
+            device = torch.device("cpu") if device is None else torch.device(device)
+        else:
+            device = positions.device
+        scaled = factor is not None or (self.schedule.length_dependent and context_len is not None)
+        if self.schedule.length_dependent and context_len is None:
+            context_len = _default_context(positions)
+            scaled = True
+        if scaled:
+            inv, attn = self.frequencies(context_len, factor)
+            return cos_sin_of(_as_tensor(positions, device), inv, attn, dtype)
+        end = _end(positions)
+        fractional = not isinstance(positions, range) and positions.is_floating_point()
+        if fractional or dtype == torch.float64 or end > CACHE_LIMIT:
+            return cos_sin_of(_as_tensor(positions, device), self.inv_freq64, self.attention_factor, dtype)
+        cos, sin = self._rows(end, device)
+        if isinstance(positions, range):
+            return cos[positions.start : positions.stop], sin[positions.start : positions.stop]
+        return cos[positions], sin[positions]
+
+    def _rows(self, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memoised float32 table on ``device``, at least ``end`` rows long."""
+        cached = self._cache.get(device)
+        if cached is None or cached[0].shape[0] < end:
+            size = max(end, 2 * (0 if cached is None else cached[0].shape[0]), 256)
+            cached = cos_sin_of(torch.arange(size, device=device), self.inv_freq64, self.attention_factor, torch.float32)
+            self._cache[device] = cached
+        return cached
+
+    def cached_rows(self, device="cpu") -> int:
+        """How many positions the memoised table on ``device`` holds (0 before the first lookup)."""
+        cached = self._cache.get(torch.device(device))
+        return 0 if cached is None else cached[0].shape[0]
+
+
+def align_to(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, what: str = "positions"):
+    """Shape per-sequence tables (batch, seq, r/2) to broadcast against x (batch, ..., seq, head_dim):
+    batch lines up with x's first axis and the tables broadcast over the axes between (heads)."""
+    if cos.dim() != 3:
+        return cos, sin
+    if x.dim() < 3 or cos.shape[0] not in (1, x.shape[0]):
+        raise ValueError(
+            f"{what} give {cos.shape[0]} per-sequence schedules, which do not match x of shape {tuple(x.shape)}"
+        )
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 3) + cos.shape[1:]
+    return cos.reshape(shape), sin.reshape(shape)
+
+
+def cos_sin_of(positions: torch.Tensor, inv, attn, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of float64 angles, times the attention factor (a float or (batch,) tensor), cast to dtype."""
+    theta = angles(positions, inv)
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    if isinstance(attn, torch.Tensor):
+        a = attn.to(device=cos.device, dtype=torch.float64)[:, None, None]
+        cos, sin = cos * a, sin * a
+    elif attn != 1.0:
+        cos, sin = cos * attn, sin * attn
+    return cos.to(dtype), sin.to(dtype)
+
+
+def _as_tensor(positions, device) -> torch.Tensor:
+    if isinstance(positions, range):
+        return torch.arange(positions.start, positions.stop, device=device)
+    return positions
+
+
+def _end(positions) -> int:
+    """1 + the largest position (0 for none)."""
+    if isinstance(positions, range):
+        return positions.stop
+    return int(positions.max()) + 1 if positions.numel() else 0
+
+
+def _default_context(positions):
+    """1 + the largest position: an int, or a (batch,) tensor for (batch, seq) positions."""
+    if isinstance(positions, range):
+        return max(positions.stop, 1)
+    if positions.dim() == 2:
+        return positions.amax(-1).floor().long() + 1
+    return int(positions.max().floor()) + 1 if positions.numel() else 1
+
+
+def _per_sequence(value) -> list | None:
+    """A (batch,) tensor as a list of Python numbers; None for scalars and None."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        return value.tolist()
+    return None
+
+
+def _scalar(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
