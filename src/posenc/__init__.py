@@ -5,7 +5,8 @@ reference for each (:mod:`posenc.reference`), one attention entry point, and a l
 (:mod:`posenc.lab`) that trains small GPTs with each and measures how they extrapolate.
 """
 
-from . import reference
+import importlib
+
 from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
@@ -13,6 +14,13 @@ from .bias import ALiBi, alibi_slopes
 from .rope import RotaryEmbedding, RotaryKVCache, convert_layout, rerotate_keys, rope_frequencies
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # The numpy oracle is for tests, the tour and readers; the library itself never imports it.
+    if name == "reference":
+        return importlib.import_module(".reference", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "ALiBi",

@@ -7,6 +7,7 @@ from torch import nn
 
 from . import _checks
 from ._checks import PositionError
+from .angles import angles, inverse_frequencies
 
 __all__ = ["SinusoidalEncoding", "LearnedEmbedding", "NoPositionalEncoding"]
 
@@ -24,7 +25,7 @@ class SinusoidalEncoding(nn.Module):
 
     PE[p, 2k] = sin(p * omega_k), PE[p, 2k+1] = cos(p * omega_k), omega_k = base^(-2k/d_model).
     No parameters, defined at every position. The table is computed in float64 (so it stays accurate
-    at large offsets), kept as a float32 non-persistent buffer that grows on demand (up to 65,536 positions;
+    at large offsets), kept per device as float32 rows that grow on demand (not a buffer: never saved, never rounded by .half()) (up to 65,536 positions;
     farther rows are computed per call), and cast to the input's dtype when added.
 
     Args:
@@ -35,43 +36,39 @@ class SinusoidalEncoding(nn.Module):
         forward(x, offset=0): x (batch, seq, d_model) or (seq, d_model) -> same shape, positions offset .. offset+seq-1.
     """
 
-    pe: torch.Tensor
-
     def __init__(self, d_model: int, base: float = 10000.0):
         super().__init__()
         self.d_model = _checks.even_int("d_model", d_model)
         self.base = _checks.positive_float("base", base)
-        self.register_buffer("pe", torch.empty(0, d_model), persistent=False)
+        # rows 0..n-1 per device; a plain attribute, so no state_dict entry and no rounding by .half()
+        self._cache: dict[torch.device, torch.Tensor] = {}
 
     def table(self, length: int, offset: int = 0, device=None) -> torch.Tensor:
         """The encoding of positions offset .. offset+length-1, shape (length, d_model), float32."""
         _checks.non_negative_int("offset", offset)
-        device = self.pe.device if device is None else device
+        device = torch.device("cpu" if device is None else device)
         end = offset + length
         if end > _CACHE_LIMIT:  # a table reaching far positions would take gigabytes: compute just these rows
             return self._encode(torch.arange(offset, end, device=device))
-        if end > self.pe.shape[0] or self.pe.device != torch.device(device):
-            self.pe = self._encode(torch.arange(max(end, 2 * self.pe.shape[0], 256), device=device))
-        return self.pe[offset:end]
+        cached = self._cache.get(device)
+        if cached is None or cached.shape[0] < end:
+            size = max(end, 2 * (0 if cached is None else cached.shape[0]), 256)
+            cached = self._cache[device] = self._encode(torch.arange(size, device=device))
+        return cached[offset:end]
+
+    def cached_rows(self, device="cpu") -> int:
+        """How many positions the memoised table on ``device`` holds."""
+        cached = self._cache.get(torch.device(device))
+        return 0 if cached is None else cached.shape[0]
 
     def _encode(self, positions: torch.Tensor) -> torch.Tensor:
         """(n,) positions -> (n, d_model) float32, angles formed in float64."""
-        k = torch.arange(0, self.d_model, 2, dtype=torch.float64, device=positions.device)
-        angles = positions.to(torch.float64)[:, None] * self.base ** (-k / self.d_model)
-        pe = torch.empty(len(positions), self.d_model, dtype=torch.float64, device=positions.device)
-        pe[:, 0::2] = torch.sin(angles)
-        pe[:, 1::2] = torch.cos(angles)
-        return pe.to(torch.float32)
+        theta = angles(positions, inverse_frequencies(self.d_model, self.base))
+        return torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1).flatten(-2).to(torch.float32)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         _check_input(x, self.d_model)
         return x + self.table(x.shape[-2], offset, x.device).to(x.dtype)
-
-    def _apply(self, fn, recurse=True):
-        # A model-wide .half() must not round the table; rebuild it in float32 on the new device.
-        super()._apply(fn, recurse)
-        self.pe = torch.empty(0, self.d_model, device=self.pe.device)
-        return self
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, base={self.base:g}"

@@ -1,7 +1,7 @@
-"""The chapter's formulas in numpy, written to be read. The oracle every other implementation is tested against.
+"""Positional-encoding formulas in numpy, written to be read. The oracle every other implementation is tested against.
 
 Everything here is float64 and unoptimised on purpose: it should be possible to check each line
-against the chapter (``shared/spec/positional-encoding-chapter.txt``) by eye.
+by eye against the papers each function cites.
 """
 
 from __future__ import annotations

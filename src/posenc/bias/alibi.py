@@ -8,18 +8,24 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..reference import alibi_slopes as _reference_slopes
 
 __all__ = ["alibi_slopes", "ALiBi"]
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
-    """ALiBi head slopes, float32 of shape (n_heads,): 2^(-8h/H) for a power of two H, else the paper's rule.
+    """ALiBi head slopes (Press et al. 2021), float32 of shape (n_heads,).
 
-    See :func:`posenc.reference.alibi_slopes` for the rule for other head counts.
+    For a power of two H: m_h = 2^(-8h/H), h = 1..H. Otherwise, as the paper's code does: the P slopes of
+    the largest power of two P below H, then the odd-numbered slopes of the schedule for 2P,
+    2^(-8i/(2P)) for i = 1, 3, 5, ..., until there are H (they fall between the first P, so every head
+    keeps a distinct slope).
     """
     _checks.positive_int("n_heads", n_heads)
-    return torch.tensor(_reference_slopes(n_heads), dtype=torch.float32)
+    p = 1 << (n_heads.bit_length() - 1)
+    exponents = torch.cat(
+        (torch.arange(1, p + 1, dtype=torch.float64) * (8.0 / p), (2 * torch.arange(n_heads - p, dtype=torch.float64) + 1) * (4.0 / p))
+    )
+    return torch.pow(2.0, -exponents).to(torch.float32)
 
 
 class ALiBi(nn.Module):
