@@ -7,7 +7,8 @@ leaves the fastest pair and lifts the slowest by the factor, smoothly in between
 the pairs that turn many times within the original context, interpolate those that turn less than
 once, and ramp in between.
 
-matplotlib (Agg backend) is imported only when a plot is drawn.
+matplotlib is imported only when a figure is built; figures are plain ``matplotlib.figure.Figure``
+objects (no pyplot state, no display needed).
 """
 
 from __future__ import annotations
@@ -16,34 +17,92 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
-from ..rope import frequencies as F
+import posenc
 
-__all__ = ["add_commands", "plot_frequencies", "wavelengths"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["add_commands", "frequency_figure", "plot_frequencies", "save_figure", "wavelengths"]
 
 
-def wavelengths(head_dim: int = 128, base: float = 10000.0, factor: float = 8.0, original_length: int = 4096) -> dict[str, np.ndarray]:
-    """Wavelength (tokens per full turn) of each of the head_dim/2 pairs under each method. Shape (head_dim/2,) each.
+def _scalings(factor: float, original_length: int) -> dict[str, dict]:
+    """Each method's Hugging Face scaling dict, by the name the figure gives it.
 
-    YaRN uses its paper's beta_fast=32, beta_slow=1; Llama 3.1 its published low/high_freq_factor 1 and 4.
+    YaRN uses its paper's beta_fast=32, beta_slow=1 (the defaults); Llama 3.1 its published
+    low/high_freq_factor 1 and 4.
     """
-    F.parse_scaling({"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": original_length, "rope_theta": base})  # validates all four
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 4 or head_dim % 2:
-        raise ValueError(f"head_dim must be an even integer >= 4, got {head_dim!r}")
-    schedules = {
-        "default RoPE": F.default_frequencies(head_dim, base=base),
-        f"PI (linear) x{factor:g}": F.linear_frequencies(head_dim, base=base, factor=factor),
-        "NTK-aware": F.ntk_frequencies(head_dim, base=base, factor=factor),
-        "YaRN": F.yarn_frequencies(head_dim, base=base, factor=factor, original_max_position_embeddings=original_length),
-        "Llama 3.1": F.llama3_frequencies(
-            head_dim, base=base, factor=factor, low_freq_factor=1.0, high_freq_factor=4.0,
-            original_max_position_embeddings=original_length,
-        ),
+    original = {"original_max_position_embeddings": original_length}
+    return {
+        "default RoPE": {"rope_type": "default"},
+        f"PI (linear) x{factor:g}": {"rope_type": "linear", "factor": factor},
+        "NTK-aware": {"rope_type": "ntk", "factor": factor},
+        "YaRN": {"rope_type": "yarn", "factor": factor, **original},
+        "Llama 3.1": {
+            "rope_type": "llama3",
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            **original,
+        },
     }
-    return {name: (2 * math.pi / inv).numpy() for name, (inv, _) in schedules.items()}
+
+
+def wavelengths(
+    head_dim: int = 128, base: float = 10000.0, factor: float = 8.0, original_length: int = 4096
+) -> dict[str, np.ndarray]:
+    """Wavelength (tokens per full turn) of each pair under each method: (head_dim/2,) float64 each.
+
+    Raises ValueError (from :func:`posenc.rope_frequencies`) for a bad head_dim, base or factor.
+    """
+    waves = {}
+    for name, scaling in _scalings(factor, original_length).items():
+        inv_freq, _ = posenc.rope_frequencies(
+            head_dim, scaling={**scaling, "rope_theta": base}, dtype=torch.float64
+        )
+        waves[name] = (2 * math.pi / inv_freq).numpy()
+    return waves
+
+
+def frequency_figure(
+    head_dim: int = 128, base: float = 10000.0, factor: float = 8.0, original_length: int = 4096
+) -> Figure:
+    """:func:`wavelengths` on a log scale: one line per method (in its order), then two horizontal lines
+    at the original and the extended context length."""
+    waves = wavelengths(head_dim, base, factor, original_length)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=120)
+    ax = fig.subplots()
+    pairs = np.arange(head_dim // 2)
+    for (name, w), style in zip(waves.items(), ["-", "--", "-.", "-", ":"], strict=True):
+        ax.plot(pairs, w, style, label=name, linewidth=2 if name in ("YaRN", "Llama 3.1") else 1.5)
+    for length, style, what in (
+        (original_length, "-", "original"),
+        (original_length * factor, "--", "extended"),
+    ):
+        ax.axhline(length, color="grey", linewidth=0.8, linestyle=style)
+        ax.text(0, length * 1.15, f"{what} context {int(length):,}", color="grey", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xlabel("dimension pair k (fast to slow)")
+    ax.set_ylabel("wavelength 2\u03c0/\u03c9\u2096 (tokens)")
+    ax.set_title(f"RoPE wavelengths at factor {factor:g} (head_dim {head_dim}, base {base:g})")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix), creating its folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
 
 
 def plot_frequencies(
@@ -53,34 +112,8 @@ def plot_frequencies(
     factor: float = 8.0,
     original_length: int = 4096,
 ) -> Path:
-    """Draw :func:`wavelengths` to a PNG file and return its path."""
-    waves = wavelengths(head_dim, base, factor, original_length)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    pairs = np.arange(head_dim // 2)
-    styles = ["-", "--", "-.", "-", ":"]
-    for (name, w), style in zip(waves.items(), styles, strict=True):
-        ax.plot(pairs, w, style, label=name, linewidth=2 if name in ("YaRN", "Llama 3.1") else 1.5)
-    ax.axhline(original_length, color="grey", linewidth=0.8)
-    ax.axhline(original_length * factor, color="grey", linewidth=0.8, linestyle="--")
-    ax.text(0, original_length * 1.15, f"original context {original_length:,}", color="grey", fontsize=8)
-    ax.text(0, original_length * factor * 1.15, f"extended context {int(original_length * factor):,}", color="grey", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xlabel("dimension pair k (fast to slow)")
-    ax.set_ylabel("wavelength 2\u03c0/\u03c9\u2096 (tokens)")
-    ax.set_title(f"RoPE wavelengths at factor {factor:g} (head_dim {head_dim}, base {base:g})")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.grid(True, which="major", alpha=0.3)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    """Draw :func:`frequency_figure` to a PNG file and return its path."""
+    return save_figure(frequency_figure(head_dim, base, factor, original_length), out)
 
 
 def _frequencies_command(args: argparse.Namespace) -> int:
@@ -94,6 +127,7 @@ def _frequencies_command(args: argparse.Namespace) -> int:
 
 
 def add_commands(subparsers) -> None:
+    """Add ``posenc plot`` and its kinds (``frequencies``)."""
     plot = subparsers.add_parser("plot", help="draw pictures of positional encodings")
     kinds = plot.add_subparsers(dest="plot", metavar="WHAT")
     plot.set_defaults(func=lambda args: (plot.print_help(), 2)[1])
@@ -105,6 +139,8 @@ def add_commands(subparsers) -> None:
     freq.add_argument("--factor", type=float, default=8.0, help="context extension factor (default 8)")
     freq.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
     freq.add_argument("--base", type=float, default=10000.0, help="RoPE base, rope_theta (default 10000)")
-    freq.add_argument("--original-length", type=int, default=4096, help="pretraining context length (default 4096)")
+    freq.add_argument(
+        "--original-length", type=int, default=4096, help="pretraining context length (default 4096)"
+    )
     freq.add_argument("--out", default="frequencies.png", help="output PNG file (default frequencies.png)")
     freq.set_defaults(func=_frequencies_command)

@@ -1,7 +1,10 @@
-"""What ``posenc bench`` runs: RoPE throughput (:mod:`.rope`) and long-context ALiBi attention (:mod:`.attention`).
+"""What ``posenc bench`` runs, on the CPU or a CUDA device.
 
-Timings on a shared CPU are noisy, so every comparison is made side by side in one process: the cases
-of one row are run round-robin, repeated, and the median is reported. Peak memory is measured in a fresh
-subprocess per case (the rise of ``ru_maxrss`` over the inputs), because the CPU allocator gives no
-per-call peak of its own.
+* :mod:`.rope`: RoPE throughput against the copy floor and transformers;
+* :mod:`.attention`: long-context ALiBi attention, time and peak memory;
+* :mod:`.presets`: the sizes per device; :mod:`.targets`: what a full CPU run is checked against;
+* :mod:`.timing`, :mod:`.memory`, :mod:`.report`: timing, peak memory and tables, shared by both.
+
+Timings on a shared machine are noisy, so every comparison is made side by side in one process: the
+cases of one row run round-robin, repeated, and the median is reported.
 """

@@ -1,4 +1,4 @@
-"""Side-by-side timing helpers."""
+"""Timing shared by every benchmark: cases run round-robin, synchronised on CUDA."""
 
 from __future__ import annotations
 
@@ -6,22 +6,45 @@ import statistics
 import time
 from collections.abc import Callable
 
+import torch
 
-def interleaved_times(cases: dict[str, Callable[[], object]], repeat: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds per call of each case, ``repeat`` times, run round-robin so that load from other processes
-    hits all cases alike."""
+
+def interleaved_times(
+    cases: dict[str, Callable[[], object]],
+    repeat: int,
+    warmup: int = 1,
+    device: torch.device | None = None,
+) -> dict[str, list[float]]:
+    """Seconds per call of each case, ``repeat`` times each, after ``warmup`` untimed rounds.
+
+    The cases run round-robin so that load from other processes hits all of them alike. On a CUDA
+    ``device`` every call is followed by a synchronisation, so a time covers the kernels it launched.
+    """
+    cuda = device is not None and device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:  # kernels run asynchronously: wait, or the time is only the launch
+            torch.cuda.synchronize(device)
+
     for _ in range(warmup):
         for fn in cases.values():
             fn()
+    sync()
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeat):
         for name, fn in cases.items():
             t0 = time.perf_counter()
             fn()
+            sync()
             times[name].append(time.perf_counter() - t0)
     return times
 
 
-def interleaved_medians(cases: dict[str, Callable[[], object]], repeat: int, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per call of each case (see :func:`interleaved_times`)."""
-    return {name: statistics.median(ts) for name, ts in interleaved_times(cases, repeat, warmup).items()}
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    """The median of each case's times (seconds)."""
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def bests(times: dict[str, list[float]]) -> dict[str, float]:
+    """Each case's fastest call (seconds): how much of the median is other processes' load."""
+    return {name: min(ts) for name, ts in times.items()}

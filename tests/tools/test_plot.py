@@ -1,12 +1,12 @@
-"""posenc plot frequencies: the spectra it draws, and the command."""
+"""posenc plot frequencies: the spectra it computes, the figure it builds, and the command."""
 
 import argparse
 
 import numpy as np
 import pytest
 
-from posenc.tools import plot as plots
 from posenc import reference as R
+from posenc.tools import plot as plots
 
 
 def test_wavelengths_follow_each_method():
@@ -24,6 +24,25 @@ def test_wavelengths_follow_each_method():
     assert np.allclose(w["Llama 3.1"][default < orig / 4], default[default < orig / 4])
 
 
+def test_frequency_figure_draws_each_method_and_both_context_lengths():
+    fig = plots.frequency_figure(head_dim=64, base=500000.0, factor=4.0, original_length=2048)
+    (ax,) = fig.axes
+    assert ax.get_title() == "RoPE wavelengths at factor 4 (head_dim 64, base 500000)"
+    assert ax.get_xlabel() == "dimension pair k (fast to slow)" and ax.get_yscale() == "log"
+    waves = plots.wavelengths(64, 500000.0, 4.0, 2048)
+    *methods, original, extended = ax.get_lines()
+    assert (
+        [line.get_label() for line in methods]
+        == list(waves)
+        == [t.get_text() for t in ax.get_legend().get_texts()]
+    )
+    for line, w in zip(methods, waves.values(), strict=True):
+        np.testing.assert_array_equal(line.get_xdata(), np.arange(32))
+        np.testing.assert_allclose(line.get_ydata(), w)
+    assert list(original.get_ydata()) == [2048, 2048] and list(extended.get_ydata()) == [8192, 8192]
+    assert [t.get_text() for t in ax.texts] == ["original context 2,048", "extended context 8,192"]
+
+
 def parser():
     p = argparse.ArgumentParser(prog="posenc")
     plots.add_commands(p.add_subparsers(dest="command"))
@@ -32,7 +51,8 @@ def parser():
 
 def test_command_writes_a_png(tmp_path, capsys):
     out = tmp_path / "sub" / "f.png"
-    args = parser().parse_args(["plot", "frequencies", "--factor", "4", "--head-dim", "64", "--base", "500000", "--out", str(out)])
+    argv = ["plot", "frequencies", "--factor", "4", "--head-dim", "64", "--base", "500000", "--out", str(out)]
+    args = parser().parse_args(argv)
     assert args.func(args) == 0
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -47,7 +67,10 @@ def test_command_through_posenc_cli(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("flag, value, word", [("--factor", "0.5", "factor"), ("--head-dim", "7", "head_dim"), ("--base", "-1", "rope_theta")])
+@pytest.mark.parametrize(
+    "flag, value, word",
+    [("--factor", "0.5", "factor"), ("--head-dim", "7", "head_dim"), ("--base", "-1", "rope_theta")],
+)
 def test_bad_arguments(tmp_path, capsys, flag, value, word):
     args = parser().parse_args(["plot", "frequencies", flag, value, "--out", str(tmp_path / "x.png")])
     assert args.func(args) == 2

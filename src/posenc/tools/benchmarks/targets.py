@@ -1,0 +1,53 @@
+"""The targets a full CPU run is checked against (issue 4, on a 2-core CPU): reported, not asserted.
+
+* RoPE on q and k out of place >= 4x transformers' eager ``apply_rotary_pos_emb``;
+* RoPE in place >= 60% of the copy bandwidth;
+* ALiBi attention at L = 16384 under 1.5 GB peak and within 3x of causal SDPA without a bias.
+"""
+
+from __future__ import annotations
+
+TARGET_HF_SPEEDUP = 4.0
+TARGET_INPLACE_COPY_FRACTION = 0.60
+TARGET_ALIBI_PEAK_BYTES = 1.5e9
+TARGET_ALIBI_X_CAUSAL = 3.0
+TARGET_ALIBI_SEQ = 16384
+
+
+def _target(text: str, value: float, met: bool) -> dict:
+    return {"target": text, "value": value, "met": bool(met)}
+
+
+def targets(rope_rows: list[dict], attn_rows: list[dict]) -> list[dict]:
+    """Each target with the measured value and whether it is met, one entry per row it covers."""
+    out = []
+    for r in rope_rows:
+        tag = f"{tuple(r['shape'])} {r['dtype']} {r['layout']}"
+        hf, copy = r["speedup_vs_hf"], r["fraction_of_copy"]
+        if r["mode"] == "out" and hf is not None:
+            out.append(
+                _target(f"RoPE out of place >= {TARGET_HF_SPEEDUP:g}x HF, {tag}", hf, hf >= TARGET_HF_SPEEDUP)
+            )
+        if r["mode"] == "inplace":
+            text = f"RoPE in place >= {TARGET_INPLACE_COPY_FRACTION:.0%} of copy, {tag}"
+            out.append(_target(text, copy, copy >= TARGET_INPLACE_COPY_FRACTION))
+    for r in attn_rows:
+        if r["case"] != "posenc" or r["seq"] != TARGET_ALIBI_SEQ or "seconds" not in r:
+            continue
+        peak, x_causal = r["peak_bytes"], r.get("x_causal_sdpa")
+        text = f"ALiBi L={r['seq']} peak < {TARGET_ALIBI_PEAK_BYTES / 1e9:g} GB"
+        out.append(_target(text, peak, peak < TARGET_ALIBI_PEAK_BYTES))
+        if x_causal is not None:
+            text = f"ALiBi L={r['seq']} time <= {TARGET_ALIBI_X_CAUSAL:g}x causal SDPA"
+            out.append(_target(text, x_causal, x_causal <= TARGET_ALIBI_X_CAUSAL))
+    return out
+
+
+def targets_table(rows: list[dict]) -> str:
+    """One line per target: met or not, and the measured value (MiB for a peak)."""
+    lines = ["Targets"]
+    for t in rows:
+        v = t["value"]
+        shown = f"{v / 2**20:.0f} MiB" if "peak" in t["target"] else f"{v:.2f}"
+        lines.append(f"  [{'met' if t['met'] else 'NOT met'}] {t['target']}: {shown}")
+    return "\n".join(lines)
