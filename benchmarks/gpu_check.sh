@@ -6,10 +6,12 @@
 #
 # 1. the Triton RoPE kernel on CUDA tensors: both layouts, partial rotary, int and per-sequence offsets,
 #    cu_seqlens packing, GQA in one launch, bfloat16, in place, gradcheck of the backward, module dispatch
-#    (posenc.tools.benchmarks.triton_checks, the checks CI runs under TRITON_INTERPRET=1);
-# 2. the CUDA parts of the test suite (the same tests as on the CPU, now also reaching the CUDA dispatch);
-# 3. posenc.tools.benchmarks.gpu: RoPE GB/s, fraction of measured copy and of nominal HBM bandwidth, speed-up over
-#    transformers; ALiBi via compiled FlexAttention against SDPA with a materialised bias and causal SDPA.
+#    (tests/kernels/test_rotary_triton.py, the cases CI runs under TRITON_INTERPRET=1);
+# 2. FlexAttention ALiBi against the materialised bias, forward and backward;
+# 3. the kernel and attention tests (the same tests as on the CPU, now also reaching the CUDA dispatch);
+# 4. posenc bench --device cuda: RoPE GB/s, share of measured copy and of nominal HBM bandwidth, forward +
+#    backward, speed-up over transformers; ALiBi via compiled FlexAttention against SDPA with a materialised
+#    bias and causal SDPA (time and peak memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -21,8 +23,8 @@ assert torch.cuda.is_available(), "no CUDA device: this script is for a GPU mach
 print("torch", torch.__version__, "triton", triton.__version__, "device", torch.cuda.get_device_name())
 PYEOF
 
-echo "== Triton kernel checks on CUDA"
-"$PY" -m posenc.tools.benchmarks.triton_checks cuda
+echo "== Triton kernel tests on CUDA"
+"$PY" -m pytest -q tests/kernels/test_rotary_triton.py
 
 echo "== FlexAttention ALiBi on CUDA against the materialised bias (forward and backward)"
 "$PY" - <<'PYEOF'
@@ -46,7 +48,7 @@ for causal, lq in ((True, 1024), (True, 100), (False, 1024)):
 PYEOF
 
 echo "== test suite (kernels, attention)"
-"$PY" -m pytest -q tests/test_kernels.py tests/test_attention.py tests/test_rotary_triton.py
+"$PY" -m pytest -q tests/kernels/test_rotary_torch.py tests/test_attention.py
 
-echo "== benchmark"
-"$PY" -m posenc.tools.benchmarks.gpu --out "$OUT"
+echo "== benchmark: posenc bench --device cuda"
+"$PY" -m posenc.cli bench --device cuda --out "$OUT"
