@@ -84,6 +84,19 @@ def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
     return torch.arange(k_len, device=device)[None, :] <= qi
 
 
+def _check_qkv(q, k, v, causal: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _checks.tensor_rank(name, t, 4)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}")
+    if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q's head count {q.shape[1]} must be a multiple of k's {k.shape[1]}")
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"causal attention needs q_len <= k_len, got {q.shape[-2]} > {k.shape[-2]}")
+
+
 def _rotate(rotary: RotaryEmbedding, q, k, positions, offset: int):
     """q and k rotated; with q shorter than k the queries take the last q_len key positions (bottom-right)."""
     q_len, k_len = q.shape[-2], k.shape[-2]
@@ -126,16 +139,7 @@ def attention(
     Returns:
         (batch, heads, q_len, v_dim).
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _checks.tensor_rank(name, t, 4)
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}")
-    if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"q's head count {q.shape[1]} must be a multiple of k's {k.shape[1]}")
-    if causal and q.shape[-2] > k.shape[-2]:
-        raise ValueError(f"causal attention needs q_len <= k_len, got {q.shape[-2]} > {k.shape[-2]}")
+    _check_qkv(q, k, v, causal)
     if rotary is not None:
         q, k = _rotate(rotary, q, k, positions, offset)
     elif positions is not None or offset:

@@ -41,6 +41,17 @@ def _get(config, *names, default=None):
     return default
 
 
+def _head_dim(config) -> int:
+    head_dim = _get(config, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    hidden = _get(config, "hidden_size", "n_embd", "d_model")
+    heads = _get(config, "num_attention_heads", "n_head")
+    if hidden is None or heads is None:
+        raise ValueError("config has neither head_dim nor hidden_size and num_attention_heads")
+    return hidden // heads
+
+
 def rope_settings(config) -> dict:
     """The keyword arguments of :class:`posenc.RotaryEmbedding` a transformers config describes.
 
@@ -54,13 +65,7 @@ def rope_settings(config) -> dict:
     if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
         raise ValueError(f"config must be a transformers config, a config.json dict or a model, got {type(config).__name__}")
     model_type = _get(config, "model_type", default="")
-    hidden = _get(config, "hidden_size", "n_embd", "d_model")
-    heads = _get(config, "num_attention_heads", "n_head")
-    head_dim = _get(config, "head_dim")
-    if head_dim is None:
-        if hidden is None or heads is None:
-            raise ValueError("config has neither head_dim nor hidden_size and num_attention_heads")
-        head_dim = hidden // heads
+    head_dim = _head_dim(config)
     max_pos = _get(config, "max_position_embeddings", "n_positions")
 
     params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}

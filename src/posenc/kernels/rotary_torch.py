@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import torch
 
-# Elements (leading dims x rows x rotary_dim) per block: 512 Ki floats = 2 MiB, so a block of x, of out and
-# the scratch stay in L3 (32 MiB here). Measured on a loaded 2-core EPYC (2 MiB L2 per core): blocks of
-# 2^18..2^20 elements ran 1.2-2x faster than L2-sized 2^16..2^17 ones, because every op pays a thread
-# barrier, which under load can cost a scheduler time slice; fewer, larger ops win.
+# Elements (leading dims x rows x rotary_dim) per block: 2 MiB of float32, so a block of x, of out and the
+# scratch stay in L3. Larger than L2 on purpose: every op pays a thread barrier, so fewer, larger ops win
+# (measurements: docs/fast-paths.md).
 _BLOCK_ELEMS = 1 << 19
 
 
@@ -95,54 +94,68 @@ def rotate_into(
     if x.numel() == 0 or h == 0:
         return out
     work = _work_dtype(x.dtype)
-    if layout == "interleaved" and x.dtype == work and _complex_viewable(x) and _complex_viewable(out):
-        table = torch.complex(cos.to(work), -sin.to(work) if conjugate else sin.to(work))  # (..., seq, r/2)
-        xc = torch.view_as_complex(x[..., :r].unflatten(-1, (h, 2)))
-        if out is x:
-            xc.mul_(table)
-        else:
-            torch.mul(xc, table, out=torch.view_as_complex(out[..., :r].unflatten(-1, (h, 2))))
-        return out
-
-    if x.dtype == work and out is not x:
-        # Out of place in float32/float64: four whole-tensor ops, a * cos and b * cos into out, then one fused
-        # multiply-add per member. ~2.5 passes over x instead of the blocked path's one, but four thread
-        # barriers instead of hundreds: measured 2x faster than blocking on a loaded machine (and ~10% faster
-        # than three ops with a repeated cos table, x * [cos, cos] first).
-        a, b = _pairs(x, r, layout)
-        oa, ob = _pairs(out, r, layout)
-        c, sn = cos.to(work), sin.to(work)
-        if conjugate:
-            sn = -sn
-        torch.mul(a, c, out=oa)
-        torch.mul(b, c, out=ob)
-        oa.addcmul_(b, -sn)
-        ob.addcmul_(a, sn)
-        return out
-
-    # Blocked path (in place, or half precision): walk the sequence axis in blocks that stay in cache.
-    seq = x.shape[-2]
-    lead = x.shape[:-2]
-    lead_n = max(1, x[..., 0, 0].numel())
-    rows = max(1, min(seq, _BLOCK_ELEMS // (lead_n * r)))
-    cos_w, sin_w = cos.to(work), sin.to(work)
-    nsin = -sin_w
+    cos, sin = cos.to(work), sin.to(work)
     if conjugate:
-        sin_w, nsin = nsin, sin_w
+        sin = -sin
+    if layout == "interleaved" and x.dtype == work and _complex_viewable(x) and _complex_viewable(out):
+        return _rotate_complex(x, cos, sin, out)
+    if x.dtype == work and out is not x:
+        return _rotate_whole(x, cos, sin, out, layout)
+    return _rotate_blocked(x, cos, sin, out, layout)
+
+
+def _rotate_complex(x, cos, sin, out):
+    """Interleaved float32/float64 pairs are complex numbers: one multiply by cos + i sin."""
+    h = cos.shape[-1]
+    r = 2 * h
+    table = torch.complex(cos, sin)  # (..., seq, r/2)
+    xc = torch.view_as_complex(x[..., :r].unflatten(-1, (h, 2)))
+    if out is x:
+        xc.mul_(table)
+    else:
+        torch.mul(xc, table, out=torch.view_as_complex(out[..., :r].unflatten(-1, (h, 2))))
+    return out
+
+
+def _rotate_whole(x, cos, sin, out, layout):
+    """Out of place in float32/float64: a * cos and b * cos into out, then one fused multiply-add per member.
+
+    About 2.5 passes over x instead of the blocked path's one, but four thread barriers instead of hundreds,
+    which wins on a loaded machine (docs/fast-paths.md).
+    """
+    r = 2 * cos.shape[-1]
+    a, b = _pairs(x, r, layout)
+    oa, ob = _pairs(out, r, layout)
+    torch.mul(a, cos, out=oa)
+    torch.mul(b, cos, out=ob)
+    oa.addcmul_(b, -sin)
+    ob.addcmul_(a, sin)
+    return out
+
+
+def _rotate_blocked(x, cos, sin, out, layout):
+    """In place, or half precision: walk the sequence axis in blocks that stay in cache.
+
+    float32/float64 compute straight into out (in place, one member of each pair is saved first);
+    bfloat16/float16 go through a float32 scratch block, so the arithmetic is float32 with one rounding.
+    """
+    h = cos.shape[-1]
+    r, seq, lead = 2 * h, x.shape[-2], x.shape[:-2]
+    work = cos.dtype
+    rows = max(1, min(seq, _BLOCK_ELEMS // (max(1, x[..., 0, 0].numel()) * r)))
+    nsin = -sin
     same = x.dtype == work
     if same:
-        # float32/float64: compute straight into out; in place, one half is saved first.
         a, b = _pairs(x, r, layout)
         oa, ob = _pairs(out, r, layout)
         saved = torch.empty(*lead, rows, h, dtype=work, device=x.device) if out is x else None
     else:
-        # bfloat16/float16: convert a block to float32 scratch, rotate there, convert back once.
         src = torch.empty(*lead, rows, r, dtype=work, device=x.device)
         dst = torch.empty(*lead, rows, r, dtype=work, device=x.device)
     for s0 in range(0, seq, rows):
         s1 = min(seq, s0 + rows)
         n = s1 - s0
-        c, sn, ns = cos_w[..., s0:s1, :], sin_w[..., s0:s1, :], nsin[..., s0:s1, :]
+        c, sn, ns = cos[..., s0:s1, :], sin[..., s0:s1, :], nsin[..., s0:s1, :]
         if same:
             xa, xb, ya, yb = a[..., s0:s1, :], b[..., s0:s1, :], oa[..., s0:s1, :], ob[..., s0:s1, :]
             sa = xa if saved is None else saved[..., :n, :].copy_(xa)  # in place, a' overwrites a

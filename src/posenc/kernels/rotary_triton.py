@@ -112,6 +112,37 @@ def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
 
+def _check_arguments(q, k, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen) -> tuple[int, int]:
+    """Shapes and strides :func:`rotary_qk_triton` needs; returns (batch, longest sequence)."""
+    varlen = cu_seqlens is not None
+    want = 3 if varlen else 4
+    tensors = [("q", q)] + ([("k", k)] if k is not None else [])
+    for name, x in tensors:
+        if x.dim() != want:
+            layout = "(heads, total_tokens, head_dim) with cu_seqlens" if varlen else "(batch, heads, seq, head_dim)"
+            raise ValueError(f"{name} must have shape {layout}, got {tuple(x.shape)}")
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {x.stride()}")
+    if k is not None and (k.dtype != q.dtype or k.shape[-1] != q.shape[-1] or k.shape[-2] != q.shape[-2]
+                          or (not varlen and k.shape[0] != q.shape[0])):
+        raise ValueError(f"k must match q's dtype, batch, length and head_dim; got q {tuple(q.shape)} {q.dtype}, "
+                         f"k {tuple(k.shape)} {k.dtype}")
+    head_dim, r_half = q.shape[-1], cos.shape[-1]
+    if 2 * r_half > head_dim or sin.shape != cos.shape:
+        raise ValueError(f"cos and sin must have matching shapes (..., rotary_dim/2) with rotary_dim <= head_dim={head_dim}, "
+                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if varlen:
+        batch = cu_seqlens.numel() - 1
+        seqlen = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    else:
+        batch, seqlen = q.shape[0], q.shape[2]
+    if cos.dim() == 3 and cos.shape[0] != batch:
+        raise ValueError(f"a batched cos/sin table must have batch size {batch}, got {tuple(cos.shape)}")
+    if isinstance(seqlen_offsets, torch.Tensor) and seqlen_offsets.shape != (batch,):
+        raise ValueError(f"seqlen_offsets must be an int or a ({batch},) tensor, got shape {tuple(seqlen_offsets.shape)}")
+    return batch, seqlen
+
+
 def rotary_qk_triton(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -143,35 +174,12 @@ def rotary_qk_triton(
         (q_out, k_out), the inputs themselves when ``inplace``.
     """
     varlen = cu_seqlens is not None
-    want = 3 if varlen else 4
-    tensors = [("q", q)] + ([("k", k)] if k is not None else [])
-    for name, x in tensors:
-        if x.dim() != want:
-            layout = "(heads, total_tokens, head_dim) with cu_seqlens" if varlen else "(batch, heads, seq, head_dim)"
-            raise ValueError(f"{name} must have shape {layout}, got {tuple(x.shape)}")
-        if x.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension, got strides {x.stride()}")
-    if k is not None and (k.dtype != q.dtype or k.shape[-1] != q.shape[-1] or k.shape[-2] != q.shape[-2]
-                          or (not varlen and k.shape[0] != q.shape[0])):
-        raise ValueError(f"k must match q's dtype, batch, length and head_dim; got q {tuple(q.shape)} {q.dtype}, "
-                         f"k {tuple(k.shape)} {k.dtype}")
+    batch, seqlen = _check_arguments(q, k, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen)
     head_dim = q.shape[-1]
     r_half = cos.shape[-1]
-    if 2 * r_half > head_dim or sin.shape != cos.shape:
-        raise ValueError(f"cos and sin must have matching shapes (..., rotary_dim/2) with rotary_dim <= head_dim={head_dim}, "
-                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if varlen:
-        batch = cu_seqlens.numel() - 1
-        seqlen = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    else:
-        batch, seqlen = q.shape[0], q.shape[2]
-    if cos.dim() == 3 and cos.shape[0] != batch:
-        raise ValueError(f"a batched cos/sin table must have batch size {batch}, got {tuple(cos.shape)}")
     cos, sin = cos.contiguous(), sin.contiguous()
     scb = cos.stride(0) if cos.dim() == 3 else 0
     offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
-    if offsets_tensor and seqlen_offsets.shape != (batch,):
-        raise ValueError(f"seqlen_offsets must be an int or a ({batch},) tensor, got shape {tuple(seqlen_offsets.shape)}")
     offs = seqlen_offsets.to(torch.int32).contiguous() if offsets_tensor else cos  # dummy pointer when unused
     offset = 0 if offsets_tensor else int(seqlen_offsets)
 
@@ -200,27 +208,14 @@ def rotary_qk_triton(
     return qo, ko
 
 
-def apply_rotary_triton(
-    q: torch.Tensor,
-    k: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    interleaved: bool = True,
-    seqlen_offsets: int | torch.Tensor = 0,
-    cu_seqlens: torch.Tensor | None = None,
-    max_seqlen: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`rotary_qk_triton` with autograd (backward: the same kernel, sin negated). Same arguments."""
+def apply_rotary_triton(q, k, cos, sin, **kernel_args) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`rotary_qk_triton` with autograd (backward: the same kernel, sin negated). Same arguments,
+    except ``conjugate`` and ``inplace``."""
 
     def rotate(xs, conjugate=False):
         if conjugate:  # gradients may arrive as expanded views; the kernel needs a unit last stride
             xs = tuple(x.contiguous() for x in xs)
-        qo, ko = rotary_qk_triton(
-            xs[0], xs[1] if len(xs) > 1 else None, cos, sin,
-            interleaved=interleaved, conjugate=conjugate, seqlen_offsets=seqlen_offsets,
-            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-        )
+        qo, ko = rotary_qk_triton(xs[0], xs[1] if len(xs) > 1 else None, cos, sin, conjugate=conjugate, **kernel_args)
         return (qo,) if len(xs) == 1 else (qo, ko)
 
     out = RotaryFunction.apply(rotate, q) if k is None else RotaryFunction.apply(rotate, q, k)

@@ -99,13 +99,17 @@ class RotaryEmbedding(nn.Module):
         Positions are ``positions`` (+ ``offset``) or offset .. offset+seq_len-1. ``context_len`` / ``factor``
         (see :meth:`frequencies`) select the schedule of length-dependent methods and per-sequence factors.
         """
+        if positions is not None:
+            positions = _checks.positions(positions, seq_len)
+        return self._lookup(seq_len, positions, offset, device, dtype, context_len, factor)
+
+    def _lookup(self, seq_len, positions, offset, device, dtype, context_len, factor):
+        """:meth:`cos_sin` for positions already checked."""
         _checks.non_negative_int("offset", offset)
         if positions is None:
             positions = range(offset, offset + seq_len)
         else:
-            positions = _checks.positions(positions, seq_len)
-            if device is not None:
-                positions = positions.to(device)
+            positions = positions if device is None else positions.to(device)
             positions = positions + offset if offset else positions
         return self.table.lookup(positions, device=device, dtype=dtype, context_len=context_len, factor=factor)
 
@@ -118,10 +122,8 @@ class RotaryEmbedding(nn.Module):
                     f"batched positions of shape {tuple(positions.shape)} need x with a batch dimension, "
                     f"got x of shape {tuple(x.shape)}"
                 )
-        table_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(
-            x.shape[-2], positions, offset, x.device, table_dtype, context_len=context_len, factor=factor
-        )
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self._lookup(x.shape[-2], positions, offset, x.device, dtype, context_len, factor)
         return align_to(cos, sin, x, "factor/context_len/positions")
 
     def _check(self, name: str, x: torch.Tensor) -> None:
