@@ -16,15 +16,17 @@ from hypothesis import strategies as st
 import posenc
 from posenc import ALiBi, RotaryEmbedding, reference
 from posenc.attention import MATERIALISE_MAX, alibi_backend
-from posenc.kernels.alibi_blocked import alibi_attention_blocked
 from posenc.kernels import rotate_eager
+from posenc.kernels.alibi_blocked import alibi_attention_blocked
 
 
 def _materialised(q, k, v, alibi, causal, scale=None):
     """SDPA with the (heads, q_len, k_len) bias built in full, k/v expanded for GQA: the torch reference."""
     g = q.shape[1] // k.shape[1]
     mask = alibi.bias(q.shape[2], k.shape[2], causal=causal).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask, scale=scale)
+    return F.scaled_dot_product_attention(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), attn_mask=mask, scale=scale
+    )
 
 
 def _numpy_reference(q, k, v, slopes, causal):
@@ -57,7 +59,11 @@ def alibi_case(draw):
 def test_blocked_matches_reference_float32(case):
     b, h, hk, lq, lk, d, dv, causal, block = case
     gen = torch.Generator().manual_seed(lq * 100 + lk)
-    q, k, v = torch.randn(b, h, lq, d, generator=gen), torch.randn(b, hk, lk, d, generator=gen), torch.randn(b, hk, lk, dv, generator=gen)
+    q, k, v = (
+        torch.randn(b, h, lq, d, generator=gen),
+        torch.randn(b, hk, lk, d, generator=gen),
+        torch.randn(b, hk, lk, dv, generator=gen),
+    )
     alibi = ALiBi(h)
     got = alibi_attention_blocked(q, k, v, alibi.slopes, causal=causal, block=block)
     want = _numpy_reference(q, k, v, alibi.slopes.double().numpy(), causal)
@@ -76,7 +82,9 @@ def test_blocked_gradients_match_materialised_float64(case):
     want = _materialised(q, k, v, alibi, causal)
     grad = torch.randn(got.shape, generator=gen, dtype=torch.float64)
     params = (q, k, v, alibi.log_slopes)
-    for g, w in zip(torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad), strict=True):
+    for g, w in zip(
+        torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad), strict=True
+    ):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
@@ -88,11 +96,14 @@ def test_blocked_gradcheck(causal):
     k = torch.randn(1, 1, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 1, 9, 3, generator=gen, dtype=torch.float64, requires_grad=True)
     slopes = torch.tensor([0.5, 0.125], dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: alibi_attention_blocked(*a, causal=causal, scale=0.7, block=4), (q, k, v, slopes))
+    assert torch.autograd.gradcheck(
+        lambda *a: alibi_attention_blocked(*a, causal=causal, scale=0.7, block=4), (q, k, v, slopes)
+    )
 
 
 def test_long_context_precision_float32():
-    """Past the block size the appended (j - base) values stay small near the diagonal: still 1e-5 at L = 1500."""
+    """Past the block size the appended (j - base) values stay small near the diagonal: still 1e-5 at L =
+    1500."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 1500, 16, generator=gen) for _ in range(3))
     alibi = ALiBi(2)  # slopes 1/2 and 1/16: the steepest bias, the largest appended values
@@ -116,7 +127,8 @@ def test_attention_alibi_dispatch_matches_reference(shape):
 
 
 def test_attention_alibi_kv_cache_decoding_bottom_right():
-    """Decoding: the last 3 queries of 40 positions see exactly what full causal attention gives those rows."""
+    """Decoding: the last 3 queries of 40 positions see exactly what full causal attention gives those
+    rows."""
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 4, 40, 8, generator=gen) for _ in range(3))
     alibi = ALiBi(4)
@@ -164,18 +176,25 @@ def test_alibi_mask_mod_is_bottom_right_causal():
 
 def test_attention_rotary_matches_manual_rotation_and_sdpa():
     gen = torch.Generator().manual_seed(6)
-    q, k, v = torch.randn(2, 4, 7, 16, generator=gen), torch.randn(2, 2, 7, 16, generator=gen), torch.randn(2, 2, 7, 16, generator=gen)
+    q, k, v = (
+        torch.randn(2, 4, 7, 16, generator=gen),
+        torch.randn(2, 2, 7, 16, generator=gen),
+        torch.randn(2, 2, 7, 16, generator=gen),
+    )
     rope = RotaryEmbedding(16, layout="half")
     positions = torch.arange(3, 10)
     got = posenc.attention(q, k, v, rotary=rope, positions=positions)
     cos, sin = rope.cos_sin(7, positions)
     qr, kr = rotate_eager(q, cos, sin, "half"), rotate_eager(k, cos, sin, "half")
-    want = F.scaled_dot_product_attention(qr, kr.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True)
+    want = F.scaled_dot_product_attention(
+        qr, kr.repeat_interleave(2, 1), v.repeat_interleave(2, 1), is_causal=True
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def test_blocked_alibi_memory_stays_linear():
-    """Forward and backward at L = 4096, 4 heads: a materialised bias alone would be 256 MiB; the peak RSS rise
+    """Forward and backward at L = 4096, 4 heads: a materialised bias alone would be 256 MiB; the peak RSS
+    rise
     of the blocked path must stay under 100 MiB (its buffers are O(L * head_dim))."""
     child = textwrap.dedent(
         """
@@ -190,8 +209,13 @@ def test_blocked_alibi_memory_stays_linear():
         print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "-c", child],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rise_mib = float(proc.stdout.strip().splitlines()[-1])
     assert rise_mib < 100, f"peak RSS rose by {rise_mib:.0f} MiB"

@@ -18,7 +18,9 @@ class TinySelfAttention(torch.nn.Module):
     def __init__(self, scheme: str, seq: int):
         super().__init__()
         g = torch.Generator().manual_seed(0)
-        self.wq, self.wk, self.wv = (torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5 for _ in range(3))
+        self.wq, self.wk, self.wv = (
+            torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5 for _ in range(3)
+        )
         self.scheme = scheme
         self.absolute = {
             "sinusoidal": posenc.SinusoidalEncoding(D),
@@ -71,7 +73,10 @@ def test_sinusoidal_shift_is_a_rotation_independent_of_p(p, delta, d_model):
 def test_rope_scores_depend_only_on_offset(layout, offset):
     rope = posenc.RotaryEmbedding(64, layout=layout)
     g = torch.Generator().manual_seed(offset)
-    q, k = torch.randn(1, 1, 1, 64, generator=g, dtype=torch.float64), torch.randn(1, 1, 1, 64, generator=g, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 1, 1, 64, generator=g, dtype=torch.float64),
+        torch.randn(1, 1, 1, 64, generator=g, dtype=torch.float64),
+    )
     scores = []
     for m in [0, 3, 10, 50, 1000, 123_456]:
         qm = rope.rotate(q, positions=torch.tensor([m]))

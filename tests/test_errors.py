@@ -13,7 +13,10 @@ import posenc
         (lambda: posenc.RotaryEmbedding(0), r"head_dim must be an integer >= 2"),
         (lambda: posenc.RotaryEmbedding(8, rotary_dim=3), r"rotary_dim must be even.*3"),
         (lambda: posenc.RotaryEmbedding(8, rotary_dim=16), r"rotary_dim must be <= head_dim=8.*16"),
-        (lambda: posenc.RotaryEmbedding(8, layout="neox"), r"layout must be one of 'interleaved', 'half'; got 'neox'"),
+        (
+            lambda: posenc.RotaryEmbedding(8, layout="neox"),
+            r"layout must be one of 'interleaved', 'half'; got 'neox'",
+        ),
         (lambda: posenc.RotaryEmbedding(8, base=-1.0), r"base must be a finite number > 0"),
         (lambda: posenc.RotaryEmbedding(8.0), r"head_dim must be an integer"),
         (lambda: posenc.ALiBi(0), r"n_heads must be an integer >= 1, got 0"),
@@ -37,7 +40,10 @@ def test_constructor_errors(make, match):
     [
         (torch.arange(4), r"positions must have shape \(5,\) or \(batch, 5\).*got \(4,\)"),
         (torch.zeros(2, 2, 5, dtype=torch.long), r"positions must have shape"),
-        (torch.ones(5, dtype=torch.bool), r"positions must have an integer or floating dtype, got torch.bool"),
+        (
+            torch.ones(5, dtype=torch.bool),
+            r"positions must have an integer or floating dtype, got torch.bool",
+        ),
         (torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0]), r"positions must be finite"),
         (torch.tensor([0, 1, -2, 3, 4]), r"positions must be >= 0"),
         (torch.zeros(3, 5, dtype=torch.long), r"positions has batch size 3, but the input's batch size is 2"),

@@ -1,4 +1,5 @@
-"""posenc.hf against transformers: tiny random models give the same logits with posenc computing their RoPE."""
+"""posenc.hf against transformers: tiny random models give the same logits with posenc computing their
+RoPE."""
 
 import numpy as np
 import pytest
@@ -10,46 +11,104 @@ from posenc import RotaryEmbedding
 from posenc.hf import consistent_cache, patch_model, rotary_from_config, unpatch_model
 
 LOGITS_TOL = 1e-5
-COMMON = {"vocab_size": 128, "pad_token_id": 0, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+COMMON = {
+    "vocab_size": 128,
+    "pad_token_id": 0,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
 LONG = np.linspace(1.0, 4.0, 8).tolist()  # Phi-3: head_dim 16 -> 8 pairs
 SHORT = np.linspace(1.0, 1.2, 8).tolist()
 
 MODELS = {
     # name: (config class, model class, config kwargs, sequence length)
     "llama-llama3": (
-        "LlamaConfig", "LlamaForCausalLM",
-        dict(COMMON, num_key_value_heads=2, max_position_embeddings=256, rope_theta=5e5,
-             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rope_theta=5e5,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        ),
         48,
     ),
     "llama-yarn": (
-        "LlamaConfig", "LlamaForCausalLM",
-        dict(COMMON, num_key_value_heads=2, max_position_embeddings=128,
-             rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e4}),
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            max_position_embeddings=128,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 1e4,
+            },
+        ),
         48,
     ),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(COMMON, num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6), 40),
+    "qwen2": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(COMMON, num_key_value_heads=2, max_position_embeddings=64, rope_theta=1e6),
+        40,
+    ),
     "qwen2-dynamic": (
-        "Qwen2Config", "Qwen2ForCausalLM",
-        dict(COMMON, num_key_value_heads=2, max_position_embeddings=24, rope_scaling={"type": "dynamic", "factor": 4.0}),
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(
+            COMMON,
+            num_key_value_heads=2,
+            max_position_embeddings=24,
+            rope_scaling={"type": "dynamic", "factor": 4.0},
+        ),
         40,
     ),
     "gpt_neox-partial": (
-        "GPTNeoXConfig", "GPTNeoXForCausalLM", dict(COMMON, hidden_size=128, rotary_pct=0.25, max_position_embeddings=64), 40
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        dict(COMMON, hidden_size=128, rotary_pct=0.25, max_position_embeddings=64),
+        40,
     ),
     "phi3-longrope-short": (
-        "Phi3Config", "Phi3ForCausalLM",
-        dict(COMMON, max_position_embeddings=128, original_max_position_embeddings=32,
-             rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG}),
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            COMMON,
+            max_position_embeddings=128,
+            original_max_position_embeddings=32,
+            rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
+        ),
         24,
     ),
     "phi3-longrope-long": (
-        "Phi3Config", "Phi3ForCausalLM",
-        dict(COMMON, max_position_embeddings=128, original_max_position_embeddings=32,
-             rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG}),
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            COMMON,
+            max_position_embeddings=128,
+            original_max_position_embeddings=32,
+            rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
+        ),
         48,
     ),
-    "gptj": ("GPTJConfig", "GPTJForCausalLM", {"vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "n_positions": 64}, 40),
+    "gptj": (
+        "GPTJConfig",
+        "GPTJForCausalLM",
+        {"vocab_size": 128, "n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8, "n_positions": 64},
+        40,
+    ),
 }
 
 
@@ -77,7 +136,9 @@ def test_logits_match_transformers(name):
         # a wrong rotary must show: the comparison can fail
         unpatch_model(model)
         settings = rotary_from_config(model.config)
-        wrong = RotaryEmbedding(settings.head_dim, base=100.0, rotary_dim=settings.rotary_dim, layout=settings.layout)
+        wrong = RotaryEmbedding(
+            settings.head_dim, base=100.0, rotary_dim=settings.rotary_dim, layout=settings.layout
+        )
         patch_model(model, rotary=wrong)
         assert float((model(ids).logits - want).abs().max()) > 10 * LOGITS_TOL
         unpatch_model(model)
@@ -139,9 +200,18 @@ def test_gptj_layout_and_rotary_dim():
 def test_llama31_config_json():
     # Llama 3.1 8B's published rope settings, typed here: no download
     raw = {
-        "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072,
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "max_position_embeddings": 131072,
         "rope_theta": 500000.0,
-        "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
     }
     rot = rotary_from_config(raw)
     config = transformers.LlamaConfig(**{k: v for k, v in raw.items() if k != "model_type"})
@@ -154,9 +224,17 @@ def test_bad_configs():
     with pytest.raises(ValueError, match="config"):
         rotary_from_config(42)
     with pytest.raises(ValueError, match="rope_type"):
-        rotary_from_config({"model_type": "llama", "head_dim": 16, "rope_scaling": {"type": "warp", "factor": 2.0}})
+        rotary_from_config(
+            {"model_type": "llama", "head_dim": 16, "rope_scaling": {"type": "warp", "factor": 2.0}}
+        )
     with pytest.raises(ValueError, match="per-layer"):
-        rotary_from_config({"model_type": "x", "head_dim": 16, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
+        rotary_from_config(
+            {
+                "model_type": "x",
+                "head_dim": 16,
+                "rope_parameters": {"full_attention": {"rope_type": "default"}},
+            }
+        )
     with pytest.raises(ValueError, match="RotaryEmbedding"):
         patch_model(torch.nn.Linear(2, 2))
 
@@ -186,7 +264,9 @@ def decode_vs_full(model, ids, split, cache=None):
 @pytest.mark.parametrize("name", ["qwen2-dynamic", "phi3-longrope-long"])
 def test_consistent_cache_makes_decoding_equal_a_full_forward(name):
     cfg_cls, model_cls, kwargs, _ = MODELS[name]
-    config = getattr(transformers, cfg_cls)(**{**kwargs, "num_hidden_layers": 1})  # one layer: exact equality is possible
+    config = getattr(transformers, cfg_cls)(
+        **{**kwargs, "num_hidden_layers": 1}
+    )  # one layer: exact equality is possible
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
@@ -199,6 +279,9 @@ def test_consistent_cache_makes_decoding_equal_a_full_forward(name):
     patch_model(model)
     patched = decode_vs_full(model, ids, 16)
     fixed = decode_vs_full(model, ids, 16, consistent_cache(model))
-    print(f"{name}: decode vs full forward, stock {stock:.1e}, patched {patched:.1e}, consistent cache {fixed:.1e}")
+    print(
+        f"{name}: decode vs full forward, stock {stock:.1e}, patched {patched:.1e}, consistent cache "
+        f"{fixed:.1e}"
+    )
     assert stock > 1e-3 and patched > 1e-3  # transformers' semantics, kept by patch_model
     assert fixed <= LOGITS_TOL

@@ -51,7 +51,9 @@ def alibi_slopes_paper(n):
 
 @given(st.integers(1, 40), st.sampled_from([2, 4, 8, 16, 30]), st.sampled_from([100.0, 10000.0, 500000.0]))
 def test_sinusoidal_matches_formula(max_len, d_model, base):
-    np.testing.assert_allclose(R.sinusoidal(max_len, d_model, base), sinusoidal_loops(max_len, d_model, base), atol=1e-12)
+    np.testing.assert_allclose(
+        R.sinusoidal(max_len, d_model, base), sinusoidal_loops(max_len, d_model, base), atol=1e-12
+    )
 
 
 def test_sinusoidal_matches_chapter_exercise_1():
@@ -72,13 +74,18 @@ def test_rope_matches_rotation_matrices(seq, d, layout, start):
     rng = np.random.default_rng(seq * 100 + d)
     x = rng.normal(size=(seq, d))
     positions = start[0] + np.arange(seq) * 0.75
-    np.testing.assert_allclose(R.rope(x, positions, layout=layout), rope_loops(x, positions, layout=layout), atol=1e-10)
+    np.testing.assert_allclose(
+        R.rope(x, positions, layout=layout), rope_loops(x, positions, layout=layout), atol=1e-10
+    )
 
 
 def test_rope_matches_chapter_exercise_3():
     rng = np.random.default_rng(42)
     q, k = rng.normal(0, 1, (1, 8)), rng.normal(0, 1, (1, 8))
-    dots = [(R.rope(q, np.array([m])) @ R.rope(k, np.array([n])).T)[0, 0] for m, n in [(0, 5), (3, 8), (10, 15), (50, 55)]]
+    dots = [
+        (R.rope(q, np.array([m])) @ R.rope(k, np.array([n])).T)[0, 0]
+        for m, n in [(0, 5), (3, 8), (10, 15), (50, 55)]
+    ]
     np.testing.assert_allclose(dots, dots[0], atol=1e-12)
 
 

@@ -22,6 +22,7 @@ def __getattr__(name: str):
         return importlib.import_module(".reference", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "ALiBi",
     "LearnedEmbedding",

@@ -54,7 +54,12 @@ def even_int(name: str, value, minimum: int = 2) -> int:
 
 def positive_float(name: str, value) -> float:
     value = _plain(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -90,7 +95,9 @@ def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
     ``batch`` is the leading dimension of the tensor the positions apply to, or None if unknown.
     """
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"positions must be a torch.Tensor of shape (seq,) or (batch, seq), got {type(value).__name__}")
+        raise ValueError(
+            f"positions must be a torch.Tensor of shape (seq,) or (batch, seq), got {type(value).__name__}"
+        )
     if value.dtype == torch.bool or value.is_complex():
         raise ValueError(f"positions must have an integer or floating dtype, got {value.dtype}")
     if value.dim() not in (1, 2) or value.shape[-1] != seq_len:

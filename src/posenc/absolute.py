@@ -25,15 +25,17 @@ class SinusoidalEncoding(nn.Module):
 
     PE[p, 2k] = sin(p * omega_k), PE[p, 2k+1] = cos(p * omega_k), omega_k = base^(-2k/d_model).
     No parameters, defined at every position. The table is computed in float64 (so it stays accurate
-    at large offsets), kept per device as float32 rows that grow on demand (not a buffer: never saved, never rounded by .half()) (up to 65,536 positions;
-    farther rows are computed per call), and cast to the input's dtype when added.
+    at large offsets), kept per device as float32 rows that grow on demand up to 65,536 positions (farther
+    rows are computed per call), and cast to the input's dtype when added. It is not a buffer: never saved
+    in a state_dict, never rounded by a model-wide ``.half()``.
 
     Args:
         d_model: embedding width, even.
         base: the constant 10000 of the paper.
 
     Shape:
-        forward(x, offset=0): x (batch, seq, d_model) or (seq, d_model) -> same shape, positions offset .. offset+seq-1.
+        forward(x, offset=0): x (batch, seq, d_model) or (seq, d_model) -> same shape, at positions
+        offset .. offset+seq-1.
     """
 
     def __init__(self, d_model: int, base: float = 10000.0):
@@ -92,7 +94,9 @@ class LearnedEmbedding(nn.Module):
         super().__init__()
         self.max_len = _checks.positive_int("max_len", max_len)
         self.d_model = _checks.positive_int("d_model", d_model)
-        self.weight = nn.Parameter(torch.randn(max_len, d_model) * _checks.positive_float("init_std", init_std))
+        self.weight = nn.Parameter(
+            torch.randn(max_len, d_model) * _checks.positive_float("init_std", init_std)
+        )
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
         _check_input(x, self.d_model)

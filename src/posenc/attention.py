@@ -66,10 +66,19 @@ def _alibi_attention(q, k, v, alibi: ALiBi, causal: bool, scale: float, enable_g
             if key not in _block_masks:
                 if len(_block_masks) >= 16:
                     _block_masks.clear()
-                _block_masks[key] = create_block_mask(alibi.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device)
+                _block_masks[key] = create_block_mask(
+                    alibi.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device
+                )
             block_mask = _block_masks[key]
-        return _flex()(q, k, v, score_mod=alibi.score_mod(q_len, k_len, causal), block_mask=block_mask,
-                       scale=scale, enable_gqa=enable_gqa)
+        return _flex()(
+            q,
+            k,
+            v,
+            score_mod=alibi.score_mod(q_len, k_len, causal),
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
     if backend == "materialise":
         mask = alibi.bias(q_len, k_len, causal=causal).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
@@ -90,7 +99,9 @@ def _check_qkv(q, k, v, causal: bool) -> None:
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}")
     if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
-        raise ValueError(f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q's head count {q.shape[1]} must be a multiple of k's {k.shape[1]}")
     if causal and q.shape[-2] > k.shape[-2]:
@@ -125,11 +136,12 @@ def attention(
     """Scaled dot-product attention with a positional scheme applied.
 
     Args:
-        q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim); v: (batch, kv_heads, k_len, v_dim).
+        q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim);
+            v: (batch, kv_heads, k_len, v_dim).
             kv_heads may divide heads (grouped-query attention).
         rotary: rotate q and k at ``positions`` (default 0 .. len-1) before attending.
         bias: an :class:`ALiBi` module, or a float tensor broadcastable to (batch, heads, q_len, k_len).
-        causal: a query sees only keys at or before it; when q_len < k_len the queries are the last q_len positions.
+        causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
         positions: (q_len,) or (batch, q_len) positions for the rotary embedding (q and k of one length).
         offset: position of the first key (decoding with a cache of unrotated keys: 0; a sliding chunk: its
             start). Keys sit at offset .. offset+k_len-1 and queries at the last q_len of those positions,
@@ -144,7 +156,8 @@ def attention(
         q, k = _rotate(rotary, q, k, positions, offset)
     elif positions is not None or offset:
         raise ValueError(
-            f"positions and offset are only used with rotary=; got positions={'a tensor' if positions is not None else None}, "
+            "positions and offset are only used with rotary=; got "
+            f"positions={'a tensor' if positions is not None else None}, "
             f"offset={offset!r} without a rotary embedding"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _checks.positive_float("scale", scale)
@@ -159,7 +172,9 @@ def attention(
         if bias.n_heads != q.shape[1]:
             raise ValueError(f"ALiBi has n_heads={bias.n_heads}, but q has {q.shape[1]} heads")
         if not causal and q_len > k_len:
-            raise ValueError(f"ALiBi needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
+            raise ValueError(
+                f"ALiBi needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
+            )
         return _alibi_attention(q, k, v, bias, causal, scale, enable_gqa)
     if isinstance(bias, torch.Tensor):
         mask = bias.to(q.dtype)

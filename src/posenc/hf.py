@@ -19,10 +19,16 @@ from collections.abc import Mapping
 
 import torch
 
-from .rope.frequencies import METHODS
 from .rope import RotaryEmbedding
+from .rope.frequencies import METHODS
 
-__all__ = ["INTERLEAVED_MODEL_TYPES", "consistent_cache", "patch_model", "rotary_from_config", "unpatch_model"]
+__all__ = [
+    "INTERLEAVED_MODEL_TYPES",
+    "consistent_cache",
+    "patch_model",
+    "rotary_from_config",
+    "unpatch_model",
+]
 
 # Families whose transformers code pairs dimensions (2i, 2i+1); every other RoPE family in transformers
 # (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs (i, i + r/2).
@@ -63,7 +69,10 @@ def rope_settings(config) -> dict:
     if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
         config = config.config
     if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
-        raise ValueError(f"config must be a transformers config, a config.json dict or a model, got {type(config).__name__}")
+        raise ValueError(
+            "config must be a transformers config, a config.json dict or a model, got "
+            f"{type(config).__name__}"
+        )
     model_type = _get(config, "model_type", default="")
     head_dim = _head_dim(config)
     max_pos = _get(config, "max_position_embeddings", "n_positions")
@@ -74,11 +83,14 @@ def rope_settings(config) -> dict:
     if params and all(isinstance(v, Mapping) or v is None for v in params.values()):
         raise ValueError(
             f"per-layer-type rope_parameters (keys {sorted(params)}) are not supported: build one "
-            "RotaryEmbedding per layer type with posenc.RotaryEmbedding(..., scaling=config.rope_parameters[type])"
+            "RotaryEmbedding per layer type with posenc.RotaryEmbedding(..., "
+            "scaling=config.rope_parameters[type])"
         )
     params = dict(params)
     theta = params.pop("rope_theta", None) or _get(config, "rope_theta", "rotary_emb_base", default=10000.0)
-    prf = params.pop("partial_rotary_factor", None) or _get(config, "partial_rotary_factor", "rotary_pct", default=1.0)
+    prf = params.pop("partial_rotary_factor", None) or _get(
+        config, "partial_rotary_factor", "rotary_pct", default=1.0
+    )
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     if model_type == "phi3" and rope_type in ("su", "yarn"):
@@ -96,7 +108,9 @@ def rope_settings(config) -> dict:
     scaling = None
     if rope_type != "default":
         if rope_type not in METHODS:
-            raise ValueError(f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}")
+            raise ValueError(
+                f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
+            )
         scaling = {"rope_type": rope_type, **params}
         if rope_type == "proportional":
             scaling["partial_rotary_factor"] = prf
@@ -126,7 +140,9 @@ def _half_forward(module, x, position_ids, *args, **kwargs):
     rot = module.posenc_rotary
     # transformers scales length-dependent methods for 1 + the largest position in the whole batch
     context = int(position_ids.max()) + 1 if position_ids.numel() else 1
-    cos, sin = rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
+    cos, sin = rot.cos_sin(
+        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
+    )
     # transformers' rotate_half layout wants (batch, seq, rotary_dim): each frequency twice
     return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
 
@@ -134,7 +150,9 @@ def _half_forward(module, x, position_ids, *args, **kwargs):
 def _gptj_forward(module, x, position_ids, *args, **kwargs):
     rot = module.posenc_rotary
     context = int(position_ids.max()) + 1 if position_ids.numel() else 1
-    cos, sin = rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
+    cos, sin = rot.cos_sin(
+        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
+    )
     return sin.to(x.dtype), cos.to(x.dtype)  # GPT-J's order, (batch, seq, rotary_dim/2) each
 
 
@@ -195,7 +213,8 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     transformers caches keys rotated with the schedule of the step that produced them; with dynamic NTK,
     dynamic YaRN or LongRoPE that schedule changes as the sequence grows, and decoding drifts from a full
     forward pass. This cache, before appending a layer's new keys, turns the cached ones from the schedule
-    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.rerotate_schedule`): for a
+    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.rerotate_schedule`):
+    for a
     one-layer model, cached decoding then equals the full forward pass at every length (tested). Use it
     with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
 
@@ -206,7 +225,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     """
     from transformers import DynamicCache
 
-    from .rope.cache import same_schedule, rerotate_schedule
+    from .rope.cache import rerotate_schedule, same_schedule
 
     if rotary is None:
         found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]

@@ -1,4 +1,5 @@
-"""Positional-encoding formulas in numpy, written to be read. The oracle every other implementation is tested against.
+"""Positional-encoding formulas in numpy, written to be read. The oracle every other implementation is tested
+against.
 
 Everything here is float64 and unoptimised on purpose: it should be possible to check each line
 by eye against the papers each function cites.
@@ -23,7 +24,8 @@ __all__ = [
 
 
 def inverse_frequencies(dim: int, base: float = 10000.0) -> np.ndarray:
-    """omega_k = 1 / base^(2k/dim) for k = 0 .. dim/2 - 1 (Vaswani et al. 2017, Su et al. 2021). Shape (dim/2,)."""
+    """omega_k = 1 / base^(2k/dim) for k = 0 .. dim/2 - 1 (Vaswani et al. 2017, Su et al. 2021). Shape
+    (dim/2,)."""
     k = np.arange(0, dim, 2, dtype=np.float64)
     return 1.0 / (base ** (k / dim))
 
@@ -41,7 +43,8 @@ def sinusoidal(max_len: int, d_model: int, base: float = 10000.0) -> np.ndarray:
 
 
 def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -> np.ndarray:
-    """The (d_model, d_model) block-diagonal matrix M(delta) with PE[p + delta] = M(delta) @ PE[p] for every p.
+    """The (d_model, d_model) block-diagonal matrix M(delta) with PE[p + delta] = M(delta) @ PE[p] for every
+    p.
 
     Each (sin, cos) pair is rotated by omega_k * delta (the footnote of Vaswani et al. 2017, section 3.5).
     """
@@ -70,7 +73,8 @@ def rope(
     inv_freq: np.ndarray | None = None,
     attention_factor: float = 1.0,
 ) -> np.ndarray:
-    """Rotary positional embedding (Su et al. 2021, eq. 34). x: (..., seq, d); positions: (seq,) or (batch, seq).
+    """Rotary positional embedding (Su et al. 2021, eq. 34). x: (..., seq, d); positions: (seq,) or (batch,
+    seq).
 
     Pair k of the first ``rotary_dim`` dimensions is rotated by theta = p * omega_k:
     (a, b) -> (a cos theta - b sin theta, a sin theta + b cos theta). Dimensions past rotary_dim are
@@ -114,7 +118,9 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     return np.array(power_of_two(p) + power_of_two(2 * p)[0::2][: n_heads - p])
 
 
-def alibi_bias(seq_len: int, n_heads: int, causal: bool = False, slopes: np.ndarray | None = None) -> np.ndarray:
+def alibi_bias(
+    seq_len: int, n_heads: int, causal: bool = False, slopes: np.ndarray | None = None
+) -> np.ndarray:
     """The chapter's ALiBi bias -m_h * |i - j|. Shape (n_heads, seq_len, seq_len).
 
     With causal=True the future (j > i) is -inf, so the result doubles as the causal mask.

@@ -19,8 +19,12 @@ def test_slopes_match_reference(n):
 @given(st.integers(1, 12), st.integers(1, 40))
 def test_bias_matches_reference(n_heads, seq):
     alibi = ALiBi(n_heads)
-    np.testing.assert_allclose(alibi.bias(seq, causal=False).numpy(), R.alibi_bias(seq, n_heads), atol=1e-5, rtol=1e-6)
-    np.testing.assert_array_equal(np.isneginf(alibi.bias(seq).numpy()), np.isneginf(R.alibi_bias(seq, n_heads, causal=True)))
+    np.testing.assert_allclose(
+        alibi.bias(seq, causal=False).numpy(), R.alibi_bias(seq, n_heads), atol=1e-5, rtol=1e-6
+    )
+    np.testing.assert_array_equal(
+        np.isneginf(alibi.bias(seq).numpy()), np.isneginf(R.alibi_bias(seq, n_heads, causal=True))
+    )
 
 
 def test_bias_for_cached_queries_is_the_last_rows():

@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from posenc import RotaryEmbedding, reference
-from posenc.kernels import apply_rotary, apply_rotary_qk, rotary_torch, rotate_into
-from posenc.kernels import rotate_eager
+from posenc.kernels import apply_rotary, apply_rotary_qk, rotary_torch, rotate_eager, rotate_into
 
 TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
 
@@ -27,7 +26,9 @@ def rope_case(draw):
     rotary_dim = 2 * draw(st.integers(1, head_dim // 2))
     layout = draw(st.sampled_from(["interleaved", "half"]))
     dtype = draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
-    transposed = draw(st.booleans())  # a (.., head_dim, seq) buffer seen through .transpose: not complex-viewable
+    transposed = draw(
+        st.booleans()
+    )  # a (.., head_dim, seq) buffer seen through .transpose: not complex-viewable
     offset = draw(st.integers(0, 50))
     return lead, seq, head_dim, rotary_dim, layout, dtype, transposed, offset
 
@@ -56,7 +57,9 @@ def test_module_matches_reference(case, inplace):
     np.testing.assert_allclose(got_q.double().numpy(), want_q, atol=tol, rtol=0)
     np.testing.assert_allclose(got_k.double().numpy(), want_k, atol=tol, rtol=0)
     # The fused path also agrees with the readable eager one in the input dtype.
-    cos, sin = rope.cos_sin(seq, offset=offset, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    cos, sin = rope.cos_sin(
+        seq, offset=offset, dtype=torch.float64 if dtype == torch.float64 else torch.float32
+    )
     eager = rotate_eager(q, cos, sin, layout)
     assert (got_q.double() - eager.double()).abs().max() <= tol
 
@@ -68,7 +71,10 @@ def test_blocked_path_many_blocks(monkeypatch, layout, dtype):
     monkeypatch.setattr(rotary_torch, "_BLOCK_ELEMS", 64)
     x = torch.randn(2, 3, 37, 16).to(dtype)
     cos, sin = _tables(37, 12)
-    cos_b, sin_b = torch.stack((cos, cos.flip(0)))[:, None], torch.stack((sin, sin.flip(0)))[:, None]  # (2, 1, 37, 6)
+    cos_b, sin_b = (
+        torch.stack((cos, cos.flip(0)))[:, None],
+        torch.stack((sin, sin.flip(0)))[:, None],
+    )  # (2, 1, 37, 6)
     want = rotate_eager(x, cos_b, sin_b, layout)
     out = rotate_into(x, cos_b, sin_b, torch.empty_like(x), layout)
     y = x.clone()

@@ -1,4 +1,5 @@
-"""The Triton RoPE kernel against posenc.reference and the eager rotation, on CUDA or under Triton's interpreter.
+"""The Triton RoPE kernel against posenc.reference and the eager rotation, on CUDA or under Triton's
+interpreter.
 
 The cases live in :mod:`.triton_cases`. On a machine with a GPU they are collected here and run on CUDA
 tensors (``benchmarks/gpu_check.sh`` runs this file). Without one, ``TRITON_INTERPRET=1`` must be set before

@@ -49,7 +49,9 @@ def _kernel():
 def test_q_and_k_with_different_head_counts_and_an_int_offset(interleaved, r):
     cos, sin = _table(64, r)
     q, k = _randn(B, HQ, L, D), _randn(B, HK, L, D, seed=1)
-    qo, ko = _kernel()(q.to(DEV), k.to(DEV), cos.to(DEV), sin.to(DEV), interleaved=interleaved, seqlen_offsets=5)
+    qo, ko = _kernel()(
+        q.to(DEV), k.to(DEV), cos.to(DEV), sin.to(DEV), interleaved=interleaved, seqlen_offsets=5
+    )
     pos = np.arange(5, 5 + L)
     _close(qo, _ref(q, pos, interleaved, r), 1e-5)
     _close(ko, _ref(k, pos, interleaved, r), 1e-5)
@@ -111,7 +113,8 @@ def test_in_place_bfloat16_and_batched_tables(interleaved, r):
 
 @pytest.mark.parametrize("interleaved", LAYOUTS)
 def test_gradcheck_through_the_autograd_function(interleaved):
-    """Backward = the same kernel with sin negated, in float64, with per-sequence offsets and packed sequences."""
+    """Backward = the same kernel with sin negated, in float64, with per-sequence offsets and packed
+    sequences."""
     from posenc.kernels.rotary_triton import apply_rotary_triton
 
     cos, sin = (t.to(DEV) for t in _table(16, 6, torch.float64))

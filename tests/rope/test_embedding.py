@@ -36,7 +36,11 @@ def positions_for(kind, batch, seq, rng):
     return torch.from_numpy(p), 0, p
 
 
-@given(rope_cases(), st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), st.sampled_from(["interleaved", "half"]))
+@given(
+    rope_cases(),
+    st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    st.sampled_from(["interleaved", "half"]),
+)
 def test_rotate_matches_reference(case, dtype, layout):
     head_dim, rotary_dim, batch, heads, seq, kind = case
     rng = np.random.default_rng(head_dim * 1000 + seq)
@@ -62,7 +66,9 @@ def test_forward_rotates_q_and_k_alike(layout):
 def test_decoding_key_longer_than_query():
     rope = RotaryEmbedding(8)
     q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
-    q2, k2 = rope(q, k, offset=4)  # q at position 4; k at 4..8 is what the call means for each tensor's own length
+    q2, k2 = rope(
+        q, k, offset=4
+    )  # q at position 4; k at 4..8 is what the call means for each tensor's own length
     np.testing.assert_allclose(q2.numpy(), R.rope(q.double().numpy(), np.array([4])), atol=1e-6)
     np.testing.assert_allclose(k2.numpy(), R.rope(k.double().numpy(), 4 + np.arange(5)), atol=1e-6)
 

@@ -1,4 +1,5 @@
-"""posenc.rope.frequencies against transformers' ROPE_INIT_FUNCTIONS (the ground truth) and posenc.reference."""
+"""posenc.rope.frequencies against transformers' ROPE_INIT_FUNCTIONS (the ground truth) and
+posenc.reference."""
 
 import contextlib
 import itertools
@@ -17,11 +18,13 @@ from transformers.models.gpt_neox import modeling_gpt_neox as gpt_neox_modeling
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
 import posenc
-from posenc.rope import frequencies as F
 from posenc import reference as R
+from posenc.rope import frequencies as F
 
 REL = 1e-6
-HF_FLOAT32_REL = 2.5e-6  # transformers' own float32 evaluation error (measured against its float64 run: <= 1.7e-6)
+HF_FLOAT32_REL = (
+    2.5e-6  # transformers' own float32 evaluation error (measured against its float64 run: <= 1.7e-6)
+)
 ORIG = 2048  # the "original" (pretraining) context of every grid case
 FACTORS = [1.5, 4.0, 8.0, 32.0]
 HEAD_DIMS = [64, 80, 128]
@@ -58,10 +61,19 @@ def hf_frequencies(params: dict, head_dim: int, max_pos: int, seq_len=None):
     params = dict(params)
     rope_type = params["rope_type"]
     if rope_type == "default":  # Llama's default ignores partial_rotary_factor; GPT-NeoX's honours it
-        cfg = GPTNeoXConfig(hidden_size=head_dim * 2, num_attention_heads=2, rope_parameters=params, max_position_embeddings=max_pos)
+        cfg = GPTNeoXConfig(
+            hidden_size=head_dim * 2,
+            num_attention_heads=2,
+            rope_parameters=params,
+            max_position_embeddings=max_pos,
+        )
         return GPTNeoXRotaryEmbedding.compute_default_rope_parameters(cfg)
     cfg = LlamaConfig(
-        hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=max_pos, rope_parameters=params
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters=params,
     )
     return ROPE_INIT_FUNCTIONS[rope_type](cfg, None, seq_len=seq_len)
 
@@ -87,12 +99,29 @@ def grid_params(rope_type: str, factor: float, head_dim: int, prf: float):
         yield {**base, "mscale": 0.707, "mscale_all_dim": 1.0}
         yield {**base, "attention_factor": 0.9}
     elif rope_type == "llama3":
-        yield {**common, "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": ORIG}
-        yield {**common, "factor": factor, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": ORIG}
+        yield {
+            **common,
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": ORIG,
+        }
+        yield {
+            **common,
+            "factor": factor,
+            "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0,
+            "original_max_position_embeddings": ORIG,
+        }
     elif rope_type == "longrope":
         long = np.linspace(1.0, factor, dim // 2).tolist()
         short = np.linspace(1.0, 1.0 + factor / 10, dim // 2).tolist()
-        base = {**common, "short_factor": short, "long_factor": long, "original_max_position_embeddings": ORIG}
+        base = {
+            **common,
+            "short_factor": short,
+            "long_factor": long,
+            "original_max_position_embeddings": ORIG,
+        }
         yield base  # factor from max_position_embeddings / original
         yield {**base, "factor": factor}
         yield {**base, "attention_factor": 1.25}
@@ -122,19 +151,31 @@ def test_matches_transformers_on_grid(rope_type):
                 with transformers_in_float64():
                     hf64, hf_attn = hf_frequencies(params, head_dim, max_pos, seq_len)
                 assert hf64.dtype == torch.float64
-                inv, attn = posenc.rope_frequencies(head_dim, scaling=params, seq_len=seq_len, max_position_embeddings=max_pos)
+                inv, attn = posenc.rope_frequencies(
+                    head_dim, scaling=params, seq_len=seq_len, max_position_embeddings=max_pos
+                )
                 inv64, _ = F.rope_frequencies(
-                    head_dim, scaling=params, max_position_embeddings=max_pos, seq_len=seq_len, dtype=torch.float64
+                    head_dim,
+                    scaling=params,
+                    max_position_embeddings=max_pos,
+                    seq_len=seq_len,
+                    dtype=torch.float64,
                 )
                 assert inv.dtype == torch.float32 and inv.shape == hf32.shape, (params, inv.shape, hf32.shape)
                 worst["inv32"] = max(worst["inv32"], rel_err(inv, hf64))
                 worst["inv64"] = max(worst["inv64"], rel_err(inv64, hf64))
                 worst["hf32"] = max(worst["hf32"], rel_err(inv, hf32))
-                worst["attn"] = max(worst["attn"], abs(attn - hf_attn) / abs(hf_attn), abs(attn - hf_attn32) / abs(hf_attn32))
+                worst["attn"] = max(
+                    worst["attn"], abs(attn - hf_attn) / abs(hf_attn), abs(attn - hf_attn32) / abs(hf_attn32)
+                )
                 n += 1
-    print(f"{rope_type}: {n} cases, worst relative errors " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+    print(
+        f"{rope_type}: {n} cases, worst relative errors "
+        + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+    )
     assert worst["inv32"] <= REL and worst["attn"] <= REL
-    # same formulas, same precision (longrope's exponent goes through Tensor.float(), which the swap cannot reach)
+    # same formulas, same precision (longrope's exponent goes through Tensor.float(), which the swap cannot
+    # reach)
     assert worst["inv64"] <= (REL if rope_type == "longrope" else 1e-12)
     assert worst["hf32"] <= HF_FLOAT32_REL
 
@@ -147,7 +188,9 @@ def test_dynamic_yarn_is_yarn_at_the_current_scale(seq_len):
     inv, attn = posenc.rope_frequencies(head_dim, scaling=params, seq_len=seq_len)
     scale = max(1.0, seq_len / ORIG)
     hf_inv, hf_attn = hf_frequencies(
-        {"rope_type": "yarn", "factor": scale, "original_max_position_embeddings": ORIG, "rope_theta": base}, head_dim, ORIG
+        {"rope_type": "yarn", "factor": scale, "original_max_position_embeddings": ORIG, "rope_theta": base},
+        head_dim,
+        ORIG,
     )
     assert rel_err(inv, hf_inv) <= REL and abs(attn - hf_attn) <= REL
     if seq_len <= ORIG:
@@ -162,7 +205,9 @@ def test_static_ntk(factor, head_dim):
     expected = R.inverse_frequencies(head_dim, base * factor ** (head_dim / (head_dim - 2)))
     assert rel_err(inv, torch.from_numpy(expected)) <= REL and attn == 1.0
     # the same base as transformers' dynamic NTK with factor f-1 at twice the trained length
-    hf_inv, _ = hf_frequencies({"rope_type": "dynamic", "factor": factor - 1, "rope_theta": base}, head_dim, ORIG, 2 * ORIG)
+    hf_inv, _ = hf_frequencies(
+        {"rope_type": "dynamic", "factor": factor - 1, "rope_theta": base}, head_dim, ORIG, 2 * ORIG
+    )
     assert rel_err(inv, hf_inv) <= REL
     # slowest pair exactly factor times slower, fastest unchanged: the point of the exponent
     default = R.inverse_frequencies(head_dim, base)
@@ -174,7 +219,9 @@ def test_rope_scaling_and_rope_parameters_forms_agree():
     old = {"type": "linear", "factor": 4.0}
     new = {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5}
     a, _ = posenc.rope_frequencies(128, base=5e5, scaling=old, partial_rotary_factor=0.5)
-    b, _ = posenc.rope_frequencies(128, scaling=new)  # rope_theta and partial_rotary_factor from inside the dict
+    b, _ = posenc.rope_frequencies(
+        128, scaling=new
+    )  # rope_theta and partial_rotary_factor from inside the dict
     assert a.shape == (32,) and torch.equal(a, b)
     expected = R.inverse_frequencies(64, 5e5) / 4
     assert rel_err(a, torch.from_numpy(expected)) <= REL
@@ -182,11 +229,17 @@ def test_rope_scaling_and_rope_parameters_forms_agree():
 
 def test_default_is_reference():
     inv, attn = posenc.rope_frequencies(64, base=1e6)
-    assert inv.dtype == torch.float32 and rel_err(inv, torch.from_numpy(R.inverse_frequencies(64, 1e6))) <= REL and attn == 1.0
+    assert (
+        inv.dtype == torch.float32
+        and rel_err(inv, torch.from_numpy(R.inverse_frequencies(64, 1e6))) <= REL
+        and attn == 1.0
+    )
 
 
 def test_float64_is_accurate():
-    inv, _ = F.rope_frequencies(128, base=5e5, scaling={"rope_type": "linear", "factor": 8.0}, dtype=torch.float64)
+    inv, _ = F.rope_frequencies(
+        128, base=5e5, scaling={"rope_type": "linear", "factor": 8.0}, dtype=torch.float64
+    )
     assert inv.dtype == torch.float64
     np.testing.assert_allclose(inv.numpy(), R.inverse_frequencies(128, 5e5) / 8, rtol=1e-14)
 
@@ -199,16 +252,63 @@ BAD = [
     ({"rope_type": "linear", "factor": float("nan")}, "factor"),
     ({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, "unknown keys"),
     ({"rope_type": "yarn", "factor": 2.0}, "original_max_position_embeddings"),
-    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}, "original_max_position_embeddings"),
-    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 1, "beta_slow": 32}, "beta_fast"),
-    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "truncate": "yes"}, "truncate"),
     (
-        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0, "original_max_position_embeddings": 64},
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0},
+        "original_max_position_embeddings",
+    ),
+    (
+        {
+            "rope_type": "yarn",
+            "factor": 2.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 1,
+            "beta_slow": 32,
+        },
+        "beta_fast",
+    ),
+    (
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "truncate": "yes"},
+        "truncate",
+    ),
+    (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 4.0,
+            "high_freq_factor": 1.0,
+            "original_max_position_embeddings": 64,
+        },
         "high_freq_factor",
     ),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 32, "original_max_position_embeddings": 64, "factor": 2.0}, "short_factor"),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [0.0] * 32, "original_max_position_embeddings": 64, "factor": 2.0}, "long_factor"),
-    ({"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [1.0] * 32, "original_max_position_embeddings": 64}, "max_position_embeddings"),
+    (
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 4,
+            "long_factor": [1.0] * 32,
+            "original_max_position_embeddings": 64,
+            "factor": 2.0,
+        },
+        "short_factor",
+    ),
+    (
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [0.0] * 32,
+            "original_max_position_embeddings": 64,
+            "factor": 2.0,
+        },
+        "long_factor",
+    ),
+    (
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 32,
+            "long_factor": [1.0] * 32,
+            "original_max_position_embeddings": 64,
+        },
+        "max_position_embeddings",
+    ),
     ({"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings"),
     ({"rope_type": "linear", "factor": 2.0, "rope_theta": -1.0}, "rope_theta"),
     ({"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 1.5}, "partial_rotary_factor"),
@@ -227,7 +327,14 @@ def test_bad_scaling_raises_naming_the_problem(scaling, word):
 
 @pytest.mark.parametrize(
     "kwargs, word",
-    [({"base": 0.0}, "base"), ({"partial_rotary_factor": 0}, "partial_rotary_factor"), ({"seq_len": -3, "scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8}, "seq_len")],
+    [
+        ({"base": 0.0}, "base"),
+        ({"partial_rotary_factor": 0}, "partial_rotary_factor"),
+        (
+            {"seq_len": -3, "scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 8},
+            "seq_len",
+        ),
+    ],
 )
 def test_bad_arguments_raise(kwargs, word):
     with pytest.raises(ValueError, match=word):
@@ -246,7 +353,9 @@ def re_year(doc: str) -> bool:
 
 def test_yarn_attention_factor_formula():
     # the paper's sqrt(1/t) = 0.1 ln s + 1
-    _, attn = posenc.rope_frequencies(64, scaling={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096})
+    _, attn = posenc.rope_frequencies(
+        64, scaling={"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096}
+    )
     assert attn == pytest.approx(0.1 * math.log(16.0) + 1.0, rel=1e-12)
 
 
@@ -261,15 +370,29 @@ def test_yarn_attention_factor_formula():
     low_freq=st.floats(0.5, 4.0),
     high_gap=st.floats(0.1, 8.0),
 )
-def test_yarn_and_llama3_match_transformers_anywhere(head_dim, base, factor, orig, beta_slow, beta_gap, truncate, low_freq, high_gap):
+def test_yarn_and_llama3_match_transformers_anywhere(
+    head_dim, base, factor, orig, beta_slow, beta_gap, truncate, low_freq, high_gap
+):
     # random continuous parameters reach the ramp's edge cases (empty ramp, clamped ends) the grid may miss
-    yarn = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": orig, "rope_theta": base,
-            "beta_fast": beta_slow + beta_gap, "beta_slow": beta_slow, "truncate": truncate}
-    llama3 = {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": orig, "rope_theta": base,
-              "low_freq_factor": low_freq, "high_freq_factor": low_freq + high_gap}
+    yarn = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": orig,
+        "rope_theta": base,
+        "beta_fast": beta_slow + beta_gap,
+        "beta_slow": beta_slow,
+        "truncate": truncate,
+    }
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "original_max_position_embeddings": orig,
+        "rope_theta": base,
+        "low_freq_factor": low_freq,
+        "high_freq_factor": low_freq + high_gap,
+    }
     for params in (yarn, llama3):
         with transformers_in_float64():
             hf64, hf_attn = hf_frequencies(params, head_dim, orig)
         inv, attn = posenc.rope_frequencies(head_dim, scaling=params)
         assert rel_err(inv, hf64) <= REL and attn == pytest.approx(hf_attn, rel=1e-12)
-

@@ -1,4 +1,5 @@
-"""convert_layout (weights between RoPE pairings) and rerotate_keys (moving rotated keys), against rotating from scratch."""
+"""convert_layout (weights between RoPE pairings) and rerotate_keys (moving rotated keys), against rotating
+from scratch."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ HEADS, HEAD_DIM, D_MODEL, SEQ = 3, 16, 24, 11
 
 def scores(x, wq, bq, wk, bk, layout, rotary_dim, positions):
     """Attention scores (batch, heads, seq, seq) of one projection + RoPE, through the float64 reference."""
+
     def heads(w, b):
         y = x @ w.T + b  # (batch, seq, heads * head_dim)
         return y.reshape(x.shape[0], SEQ, HEADS, HEAD_DIM).transpose(1, 2).double().numpy()

@@ -1,4 +1,5 @@
-"""RotaryEmbedding with context-extension scaling: against posenc.reference.rope, at far positions, per sequence,
+"""RotaryEmbedding with context-extension scaling: against posenc.reference.rope, at far positions, per
+sequence,
 and token-by-token decoding through RotaryKVCache against a full forward pass."""
 
 import math
@@ -24,8 +25,21 @@ SCALINGS = {
     "dynamic": {"rope_type": "dynamic", "factor": 8.0},
     "yarn": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": ORIG},
     "dynamic_yarn": {"rope_type": "dynamic_yarn", "original_max_position_embeddings": ORIG},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": ORIG, "rope_theta": 5e5},
-    "longrope": {"rope_type": "longrope", "short_factor": SHORT, "long_factor": LONG, "original_max_position_embeddings": ORIG, "factor": 16.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": ORIG,
+        "rope_theta": 5e5,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": SHORT,
+        "long_factor": LONG,
+        "original_max_position_embeddings": ORIG,
+        "factor": 16.0,
+    },
     "proportional": {"rope_type": "proportional", "factor": 2.0, "partial_rotary_factor": 0.5},
 }
 
@@ -37,10 +51,16 @@ def rotary(name, layout="half"):
 def expected(x, positions, name, layout, context_len):
     """float64 numpy reference with the schedule posenc.rope.frequencies gives for that context length."""
     inv, attn = rope_frequencies(
-        HEAD_DIM, scaling=SCALINGS[name], max_position_embeddings=ORIG, seq_len=context_len, dtype=torch.float64
+        HEAD_DIM,
+        scaling=SCALINGS[name],
+        max_position_embeddings=ORIG,
+        seq_len=context_len,
+        dtype=torch.float64,
     )
     base = (SCALINGS[name] or {}).get("rope_theta", 1e4)
-    return R.rope(x.double().numpy(), positions, base=base, layout=layout, inv_freq=inv.numpy(), attention_factor=attn)
+    return R.rope(
+        x.double().numpy(), positions, base=base, layout=layout, inv_freq=inv.numpy(), attention_factor=attn
+    )
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))
@@ -85,7 +105,13 @@ def test_per_sequence_factors():
     for i, f in enumerate(factors.tolist()):
         scaling = {**SCALINGS["yarn"], "factor": f}
         inv, attn = rope_frequencies(HEAD_DIM, scaling=scaling, dtype=torch.float64)
-        want = R.rope(x[i].double().numpy(), positions.numpy(), layout="half", inv_freq=inv.numpy(), attention_factor=attn)
+        want = R.rope(
+            x[i].double().numpy(),
+            positions.numpy(),
+            layout="half",
+            inv_freq=inv.numpy(),
+            attention_factor=attn,
+        )
         assert np.abs(got[i].numpy() - want).max() <= 1e-5
         single = rot.rotate(x[i : i + 1], positions, factor=f)
         assert torch.allclose(single[0], got[i], atol=1e-6)
@@ -121,11 +147,15 @@ def test_factor_errors():
 
 
 def test_scaling_dict_theta_and_partial_rotary():
-    rot = RotaryEmbedding(64, scaling={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5})
+    rot = RotaryEmbedding(
+        64, scaling={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5, "partial_rotary_factor": 0.5}
+    )
     assert rot.rotary_dim == 32 and rot.base == 5e5
     np.testing.assert_allclose(rot.inv_freq.numpy(), R.inverse_frequencies(32, 5e5) / 2, rtol=1e-6)
     with pytest.raises(ValueError, match="rotary_dim"):
-        RotaryEmbedding(64, rotary_dim=16, scaling={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5})
+        RotaryEmbedding(
+            64, rotary_dim=16, scaling={"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5}
+        )
 
 
 # ------------------------------------------------------------------------------ KV cache consistency
@@ -147,7 +177,8 @@ def test_decoding_equals_full_forward(name):
     torch.manual_seed(4)
     rot = rotary(name)
     length = 2 * ORIG + 9
-    # float64, so that "equal" means equal: float32 attention alone differs by ~1e-5 between two summation orders
+    # float64, so that "equal" means equal: float32 attention alone differs by ~1e-5 between two summation
+    # orders
     x = torch.randn(1, 1, length, HEAD_DIM, dtype=torch.float64)
     w = [torch.randn(HEAD_DIM, HEAD_DIM, dtype=torch.float64) / math.sqrt(HEAD_DIM) * 2 for _ in range(3)]
     caches = {mode: RotaryKVCache(rot, mode) for mode in ("unrotated", "rerotate", "hf")}
@@ -172,7 +203,9 @@ def test_cache_rejects_bad_input():
         RotaryKVCache(rotary("dynamic"), "sometimes")
     cache = RotaryKVCache(rotary("dynamic"))
     with pytest.raises(ValueError, match="same new tokens"):
-        cache.update(torch.randn(1, 1, 2, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM))
+        cache.update(
+            torch.randn(1, 1, 2, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM), torch.randn(1, 1, 3, HEAD_DIM)
+        )
 
 
 def test_fractional_positions_with_a_length_dependent_method():

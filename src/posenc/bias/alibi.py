@@ -23,7 +23,10 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     _checks.positive_int("n_heads", n_heads)
     p = 1 << (n_heads.bit_length() - 1)
     exponents = torch.cat(
-        (torch.arange(1, p + 1, dtype=torch.float64) * (8.0 / p), (2 * torch.arange(n_heads - p, dtype=torch.float64) + 1) * (4.0 / p))
+        (
+            torch.arange(1, p + 1, dtype=torch.float64) * (8.0 / p),
+            (2 * torch.arange(n_heads - p, dtype=torch.float64) + 1) * (4.0 / p),
+        )
     )
     return torch.pow(2.0, -exponents).to(torch.float32)
 
@@ -34,7 +37,7 @@ class ALiBi(nn.Module):
     Args:
         n_heads: number of attention heads.
         slopes: optional (n_heads,) positive slopes; default :func:`alibi_slopes`.
-        learnable: make the slopes a trainable parameter. They are stored as logarithms, so they stay positive.
+        learnable: make the slopes a trainable parameter (stored as logarithms, so they stay positive).
 
     ``bias(q_len, k_len, causal)`` returns the (n_heads, q_len, k_len) bias. Queries are the *last*
     ``q_len`` of the ``k_len`` positions (as when decoding with a KV cache). With ``causal=True``
@@ -51,7 +54,9 @@ class ALiBi(nn.Module):
         else:
             init = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
             if init.shape != (n_heads,):
-                raise ValueError(f"slopes must have shape ({n_heads},) for n_heads={n_heads}, got {tuple(init.shape)}")
+                raise ValueError(
+                    f"slopes must have shape ({n_heads},) for n_heads={n_heads}, got {tuple(init.shape)}"
+                )
             if not bool(torch.isfinite(init).all()) or bool((init <= 0).any()):
                 raise ValueError(f"slopes must be finite and > 0, got {init.tolist()}")
         self.learnable = bool(learnable)
@@ -66,11 +71,13 @@ class ALiBi(nn.Module):
         return self.log_slopes.exp() if self.learnable else self._slopes
 
     def distance(self, q_len: int, k_len: int | None = None, device=None) -> torch.Tensor:
-        """Signed query-minus-key distance i - j, float32 (q_len, k_len); queries are the last q_len positions."""
+        """Signed distance i - j, float32 (q_len, k_len); queries are the last q_len positions."""
         _checks.positive_int("q_len", q_len)
         k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
         if k_len < q_len:
-            raise ValueError(f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}")
+            raise ValueError(
+                f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}"
+            )
         device = self.slopes.device if device is None else device
         qi = torch.arange(k_len - q_len, k_len, device=device, dtype=torch.float32)
         kj = torch.arange(k_len, device=device, dtype=torch.float32)
@@ -91,13 +98,16 @@ class ALiBi(nn.Module):
         """A FlexAttention ``score_mod`` adding this bias without materialising it.
 
         ``score_mod(score, b, h, q_idx, kv_idx) -> score - m_h |i - j|``, with query index q_idx at position
-        ``q_idx + k_len - q_len`` (bottom-right alignment, as :meth:`bias`); with ``causal=True`` later keys get
-        -inf. For speed pair it with :meth:`mask_mod` in a block mask, so fully masked tiles are skipped.
+        ``q_idx + k_len - q_len`` (bottom-right alignment, as :meth:`bias`); with ``causal=True`` later
+        keys get -inf. For speed pair it with :meth:`mask_mod` in a block mask, so fully masked tiles are
+        skipped.
         """
         _checks.positive_int("q_len", q_len)
         k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
         if k_len < q_len:
-            raise ValueError(f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}")
+            raise ValueError(
+                f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}"
+            )
         shift = k_len - q_len
         slopes = self.slopes
 
@@ -111,7 +121,7 @@ class ALiBi(nn.Module):
         return alibi_score_mod
 
     def mask_mod(self, q_len: int, k_len: int | None = None):
-        """A FlexAttention ``mask_mod`` for bottom-right-aligned causal masking (True where a key is visible)."""
+        """A FlexAttention ``mask_mod``: bottom-right causal masking, True where a key is visible."""
         k_len = q_len if k_len is None else k_len
         shift = k_len - q_len
 

@@ -43,7 +43,7 @@ def triton_available() -> bool:
 
 
 def _triton_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Reshape x and its tables for the Triton kernel: x (B, H, L, D) and cos (L, r/2) or (B, L, r/2), or None."""
+    """x (B, H, L, D) and its tables (L, r/2) or (B, L, r/2) as the Triton kernel takes them, or None."""
     seq = x.shape[-2]
     if x.dim() == 4:
         x4 = x
@@ -79,14 +79,28 @@ def rotate(xs, cos, sin, layout: str, *, conjugate: bool = False, inplace: bool 
 
             (q4, c, s) = prepared[0]
             k4 = prepared[1][0] if len(xs) == 2 else None
-            same = k4 is not None and k4.shape[0] == q4.shape[0] and k4.shape[2] == q4.shape[2] and k4.dtype == q4.dtype
+            same = (
+                k4 is not None
+                and k4.shape[0] == q4.shape[0]
+                and k4.shape[2] == q4.shape[2]
+                and k4.dtype == q4.dtype
+            )
             if len(xs) == 1 or same:
-                qo, ko = rotary_qk_triton(q4, k4, c, s, interleaved=layout == "interleaved", conjugate=conjugate, inplace=inplace)
+                qo, ko = rotary_qk_triton(
+                    q4, k4, c, s, interleaved=layout == "interleaved", conjugate=conjugate, inplace=inplace
+                )
                 outs = (qo, ko)[: len(xs)]
             else:
                 outs = tuple(
-                    rotary_qk_triton(p[0], None, p[1], p[2], interleaved=layout == "interleaved",
-                                     conjugate=conjugate, inplace=inplace)[0]
+                    rotary_qk_triton(
+                        p[0],
+                        None,
+                        p[1],
+                        p[2],
+                        interleaved=layout == "interleaved",
+                        conjugate=conjugate,
+                        inplace=inplace,
+                    )[0]
                     for p in prepared
                 )
             return tuple(o.view(x.shape) for o, x in zip(outs, xs, strict=True))
@@ -102,7 +116,14 @@ def _check_inplace(xs) -> None:
             )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "interleaved", inplace: bool = False) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "interleaved",
+    inplace: bool = False,
+) -> torch.Tensor:
     """Rotate x (..., seq, head_dim) by the angles whose cos/sin are given (see the module contract)."""
     if inplace:
         _check_inplace([("x", x)])

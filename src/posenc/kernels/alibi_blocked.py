@@ -22,7 +22,8 @@ head in backward too. Learnable slopes get their gradient from two more appended
 column is sum_j dS_ij (j - b), of a column of ones sum_j dS_ij) and, for the diagonal block, from its
 (heads, n, n) score gradient recomputed in plain torch.
 
-Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache decoding).
+Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache
+decoding).
 Grouped-query attention: k and v are expanded to q's heads once (O(L) memory).
 """
 
@@ -86,7 +87,8 @@ class _Layout:
 
 
 def _diag_mask(slopes, n: int, causal: bool, dtype) -> torch.Tensor:
-    """The exact bias of a diagonal block, (1, heads, n, n): -m_h |i - j|, -inf above the diagonal if causal."""
+    """The exact bias of a diagonal block, (1, heads, n, n): -m_h |i - j|, -inf above the diagonal if
+    causal."""
     rel = torch.arange(n, device=slopes.device, dtype=dtype)
     dist = rel[:, None] - rel[None, :]
     mask = -slopes.to(dtype)[:, None, None] * dist.abs()[None]
@@ -185,7 +187,9 @@ class BlockedALiBiAttention(torch.autograd.Function):
                 vp = lay.vb[:, :, j0:j1]
                 if sign == 0.0:
                     dm = mask[..., :n, :n]
-                    dqp, dkp, dvp = _flash_bwd(gob, qb, kp, vp, obb, lb.contiguous(), 0.0, False, attn_mask=dm, scale=scale)
+                    dqp, dkp, dvp = _flash_bwd(
+                        gob, qb, kp, vp, obb, lb.contiguous(), 0.0, False, attn_mask=dm, scale=scale
+                    )
                     if want_slopes:  # d score / d m_h = -|i - j| on the diagonal block: recompute its dS
                         s = torch.matmul(qb[..., :d], kp[..., :d].transpose(-1, -2)) * scale + dm
                         p = torch.exp(s - lb[..., None])
@@ -193,11 +197,13 @@ class BlockedALiBiAttention(torch.autograd.Function):
                         ds = p * (torch.matmul(gob, vp.transpose(-1, -2)) - delta)
                         dslopes -= (ds * (i_pos[:, None] - i_pos[None, :]).abs()).sum((-1, -2))
                 else:
-                    # The kernel's scores lack the row constant c = -m * rel: pass lse - c, so P = exp(S_kernel + c - lse).
+                    # The kernel's scores lack the row constant c = -m * rel: pass lse - c, so P =
+                    # exp(S_kernel + c - lse).
                     rel = _row_offset(i_pos, base, sign)
                     lp = (lb + sl[:, None] * rel[None, :]).contiguous()
                     dqp, dkp, dvp = _flash_bwd(gob, qb, kp, vp, obb, lp, 0.0, False, scale=scale)
-                    # d score_ij / d m_h = sign * (j - base) - rel_i: the appended column's and the ones column's dq'.
+                    # d score_ij / d m_h = sign * (j - base) - rel_i: the appended column's and the ones
+                    # column's dq'.
                     dslopes += ((dqp[..., d] - rel * dqp[..., d + 1]) / scale).sum(-1)
                 dq[:, :, t0:t1, :d] += dqp[..., :d]
                 dk[:, :, j0:j1, :d] += dkp[..., :d]
@@ -211,24 +217,35 @@ class BlockedALiBiAttention(torch.autograd.Function):
         return dq[..., :d].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), ds_out, None, None, None
 
 
-def alibi_attention_blocked(q, k, v, slopes, *, causal: bool = True, scale: float | None = None, block: int | None = None):
-    """ALiBi attention without a materialised bias. q (B, H, Lq, D); k (B, Hk, Lk, D); v (B, Hk, Lk, Dv); slopes (H,).
+def alibi_attention_blocked(
+    q, k, v, slopes, *, causal: bool = True, scale: float | None = None, block: int | None = None
+):
+    """ALiBi attention without a materialised bias. q (B, H, Lq, D); k (B, Hk, Lk, D); v (B, Hk, Lk, Dv);
+    slopes (H,).
 
     Returns (B, H, Lq, Dv) in q's dtype; differentiable in q, k, v and slopes.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+            raise ValueError(
+                f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
     b, h, lq, d = q.shape
     if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or h % k.shape[1]:
-        raise ValueError(f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
-                         f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
+            f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if lq > k.shape[2]:
-        raise ValueError(f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}")
+        raise ValueError(
+            f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}"
+        )
     if not isinstance(slopes, torch.Tensor) or slopes.shape != (h,):
-        raise ValueError(f"slopes must be a tensor of shape ({h},), got "
-                         f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}")
+        raise ValueError(
+            f"slopes must be a tensor of shape ({h},), got "
+            f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}"
+        )
     if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
         raise ValueError(f"block must be an integer >= 1, got {block!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

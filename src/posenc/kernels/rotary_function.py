@@ -19,7 +19,8 @@ Rotate = Callable[..., tuple[torch.Tensor, ...]]
 
 
 class RotaryFunction(torch.autograd.Function):
-    """``RotaryFunction.apply(rotate, *xs)``: ``rotate(xs)`` forward, ``rotate(grads, conjugate=True)`` backward."""
+    """``RotaryFunction.apply(rotate, *xs)``: ``rotate(xs)`` forward, ``rotate(grads, conjugate=True)``
+    backward."""
 
     @staticmethod
     def forward(ctx, rotate: Rotate, *xs):

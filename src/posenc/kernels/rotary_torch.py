@@ -27,7 +27,9 @@ import torch
 _BLOCK_ELEMS = 1 << 19
 
 
-def rotate_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved") -> torch.Tensor:
+def rotate_eager(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "interleaved"
+) -> torch.Tensor:
     """Plain-torch rotation, the readable version every kernel is tested against.
 
     Args:
@@ -36,7 +38,8 @@ def rotate_eager(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
         layout: "interleaved" pairs (2i, 2i+1); "half" pairs (i, i + rotary_dim/2).
 
     Returns:
-        x with its first rotary_dim dimensions rotated, in x's dtype. Arithmetic is float32 (float64 for float64 x).
+        x with its first rotary_dim dimensions rotated, in x's dtype. Arithmetic is float32 (float64 for
+        float64 x).
     """
     r = 2 * cos.shape[-1]
     work = _work_dtype(x.dtype)
@@ -80,7 +83,8 @@ def rotate_into(
 
     Args:
         x: (..., seq, head_dim), any float dtype, any strides.
-        cos, sin: (..., seq, rotary_dim/2) float32 (float64 for float64 x), broadcastable against x's leading dims.
+        cos, sin: (..., seq, rotary_dim/2) float32 (float64 for float64 x), broadcastable against x's leading
+            dims.
         out: tensor shaped like x, same dtype; out[..., rotary_dim:] gets x[..., rotary_dim:].
         conjugate: rotate by -theta (the backward pass: the transpose of a rotation is its inverse).
 

@@ -27,14 +27,35 @@ from .rotary_function import RotaryFunction
 
 @triton.jit
 def _rotate_tile(
-    X, OUT, COS, SIN, CU_SEQLENS, SEQ_OFFSETS,
-    pid_m, pid_b, head,
-    seqlen, offset, table_len,
-    sxb, sxh, sxm, sob, soh, som, scb, scm,
-    R_HALF: tl.constexpr, D_REST: tl.constexpr,
-    IS_VARLEN: tl.constexpr, OFFSETS_TENSOR: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    X,
+    OUT,
+    COS,
+    SIN,
+    CU_SEQLENS,
+    SEQ_OFFSETS,
+    pid_m,
+    pid_b,
+    head,
+    seqlen,
+    offset,
+    table_len,
+    sxb,
+    sxh,
+    sxm,
+    sob,
+    soh,
+    som,
+    scb,
+    scm,
+    R_HALF: tl.constexpr,
+    D_REST: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    OFFSETS_TENSOR: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    CONJ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """Rotate rows [pid_m * BLOCK_M, +BLOCK_M) of one head of one sequence."""
     if IS_VARLEN:
@@ -82,27 +103,109 @@ def _rotate_tile(
 
 @triton.jit
 def _rope_qk_kernel(
-    Q, K, QO, KO, COS, SIN, CU_SEQLENS, SEQ_OFFSETS,
-    seqlen, offset, table_len, n_heads_q,
-    sqb, sqh, sqm, sqob, sqoh, sqom,
-    skb, skh, skm, skob, skoh, skom,
-    scb, scm,
-    R_HALF: tl.constexpr, D_REST: tl.constexpr,
-    IS_VARLEN: tl.constexpr, OFFSETS_TENSOR: tl.constexpr,
-    INTERLEAVED: tl.constexpr, CONJ: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr,
+    Q,
+    K,
+    QO,
+    KO,
+    COS,
+    SIN,
+    CU_SEQLENS,
+    SEQ_OFFSETS,
+    seqlen,
+    offset,
+    table_len,
+    n_heads_q,
+    sqb,
+    sqh,
+    sqm,
+    sqob,
+    sqoh,
+    sqom,
+    skb,
+    skh,
+    skm,
+    skob,
+    skoh,
+    skom,
+    scb,
+    scm,
+    R_HALF: tl.constexpr,
+    D_REST: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    OFFSETS_TENSOR: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    CONJ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_h = tl.program_id(1)  # 0 .. n_heads_q-1: q's heads; then k's
     pid_b = tl.program_id(2)
     if pid_h < n_heads_q:
-        _rotate_tile(Q, QO, COS, SIN, CU_SEQLENS, SEQ_OFFSETS, pid_m, pid_b, pid_h,
-                     seqlen, offset, table_len, sqb, sqh, sqm, sqob, sqoh, sqom, scb, scm,
-                     R_HALF, D_REST, IS_VARLEN, OFFSETS_TENSOR, INTERLEAVED, CONJ, BLOCK_M, BLOCK_H, BLOCK_P)
+        _rotate_tile(
+            Q,
+            QO,
+            COS,
+            SIN,
+            CU_SEQLENS,
+            SEQ_OFFSETS,
+            pid_m,
+            pid_b,
+            pid_h,
+            seqlen,
+            offset,
+            table_len,
+            sqb,
+            sqh,
+            sqm,
+            sqob,
+            sqoh,
+            sqom,
+            scb,
+            scm,
+            R_HALF,
+            D_REST,
+            IS_VARLEN,
+            OFFSETS_TENSOR,
+            INTERLEAVED,
+            CONJ,
+            BLOCK_M,
+            BLOCK_H,
+            BLOCK_P,
+        )
     else:
-        _rotate_tile(K, KO, COS, SIN, CU_SEQLENS, SEQ_OFFSETS, pid_m, pid_b, pid_h - n_heads_q,
-                     seqlen, offset, table_len, skb, skh, skm, skob, skoh, skom, scb, scm,
-                     R_HALF, D_REST, IS_VARLEN, OFFSETS_TENSOR, INTERLEAVED, CONJ, BLOCK_M, BLOCK_H, BLOCK_P)
+        _rotate_tile(
+            K,
+            KO,
+            COS,
+            SIN,
+            CU_SEQLENS,
+            SEQ_OFFSETS,
+            pid_m,
+            pid_b,
+            pid_h - n_heads_q,
+            seqlen,
+            offset,
+            table_len,
+            skb,
+            skh,
+            skm,
+            skob,
+            skoh,
+            skom,
+            scb,
+            scm,
+            R_HALF,
+            D_REST,
+            IS_VARLEN,
+            OFFSETS_TENSOR,
+            INTERLEAVED,
+            CONJ,
+            BLOCK_M,
+            BLOCK_H,
+            BLOCK_P,
+        )
 
 
 def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
@@ -119,18 +222,31 @@ def _check_arguments(q, k, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen) -> 
     tensors = [("q", q)] + ([("k", k)] if k is not None else [])
     for name, x in tensors:
         if x.dim() != want:
-            layout = "(heads, total_tokens, head_dim) with cu_seqlens" if varlen else "(batch, heads, seq, head_dim)"
+            layout = (
+                "(heads, total_tokens, head_dim) with cu_seqlens"
+                if varlen
+                else "(batch, heads, seq, head_dim)"
+            )
             raise ValueError(f"{name} must have shape {layout}, got {tuple(x.shape)}")
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension, got strides {x.stride()}")
-    if k is not None and (k.dtype != q.dtype or k.shape[-1] != q.shape[-1] or k.shape[-2] != q.shape[-2]
-                          or (not varlen and k.shape[0] != q.shape[0])):
-        raise ValueError(f"k must match q's dtype, batch, length and head_dim; got q {tuple(q.shape)} {q.dtype}, "
-                         f"k {tuple(k.shape)} {k.dtype}")
+    if k is not None and (
+        k.dtype != q.dtype
+        or k.shape[-1] != q.shape[-1]
+        or k.shape[-2] != q.shape[-2]
+        or (not varlen and k.shape[0] != q.shape[0])
+    ):
+        raise ValueError(
+            f"k must match q's dtype, batch, length and head_dim; got q {tuple(q.shape)} {q.dtype}, "
+            f"k {tuple(k.shape)} {k.dtype}"
+        )
     head_dim, r_half = q.shape[-1], cos.shape[-1]
     if 2 * r_half > head_dim or sin.shape != cos.shape:
-        raise ValueError(f"cos and sin must have matching shapes (..., rotary_dim/2) with rotary_dim <= head_dim={head_dim}, "
-                         f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(
+            "cos and sin must have matching shapes (..., rotary_dim/2) with rotary_dim <= "
+            f"head_dim={head_dim}, "
+            f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     if varlen:
         batch = cu_seqlens.numel() - 1
         seqlen = int(max_seqlen) if max_seqlen is not None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
@@ -139,7 +255,9 @@ def _check_arguments(q, k, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen) -> 
     if cos.dim() == 3 and cos.shape[0] != batch:
         raise ValueError(f"a batched cos/sin table must have batch size {batch}, got {tuple(cos.shape)}")
     if isinstance(seqlen_offsets, torch.Tensor) and seqlen_offsets.shape != (batch,):
-        raise ValueError(f"seqlen_offsets must be an int or a ({batch},) tensor, got shape {tuple(seqlen_offsets.shape)}")
+        raise ValueError(
+            f"seqlen_offsets must be an int or a ({batch},) tensor, got shape {tuple(seqlen_offsets.shape)}"
+        )
     return batch, seqlen
 
 
@@ -161,8 +279,10 @@ def rotary_qk_triton(
     Args:
         q: (batch, heads_q, seq, head_dim), or with ``cu_seqlens`` (heads_q, total_tokens, head_dim);
             the last dimension must be contiguous.
-        k: the same with heads_k heads (heads_k may differ from heads_q), same dtype and sequence layout, or None.
-        cos, sin: (table_len, rotary_dim/2) or (batch, table_len, rotary_dim/2); float32, or float64 for float64 x.
+        k: the same with heads_k heads (heads_k may differ from heads_q), same dtype and sequence layout, or
+            None.
+        cos, sin: (table_len, rotary_dim/2) or (batch, table_len, rotary_dim/2); float32, or float64 for
+            float64 x.
         interleaved: pairs (2i, 2i+1) if True, (i, i + rotary_dim/2) if False.
         conjugate: rotate by -theta (backward).
         inplace: write into q and k.
@@ -195,15 +315,33 @@ def rotary_qk_triton(
     block_m = max(4, min(64, 2048 // block_h))
     grid = (triton.cdiv(max(seqlen, 1), block_m), heads_q + heads_k, batch)
     _rope_qk_kernel[grid](
-        q, kk, qo, kko, cos, sin, cu_seqlens if varlen else cos, offs,
-        seqlen, offset, cos.shape[-2], heads_q,
-        *_strides(q, varlen), *_strides(qo, varlen),
-        *_strides(kk, varlen), *_strides(kko, varlen),
-        scb, cos.stride(-2),
-        R_HALF=r_half, D_REST=d_rest,
-        IS_VARLEN=varlen, OFFSETS_TENSOR=offsets_tensor,
-        INTERLEAVED=bool(interleaved), CONJ=bool(conjugate),
-        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_P=max(triton.next_power_of_2(max(d_rest, 1)), 2),
+        q,
+        kk,
+        qo,
+        kko,
+        cos,
+        sin,
+        cu_seqlens if varlen else cos,
+        offs,
+        seqlen,
+        offset,
+        cos.shape[-2],
+        heads_q,
+        *_strides(q, varlen),
+        *_strides(qo, varlen),
+        *_strides(kk, varlen),
+        *_strides(kko, varlen),
+        scb,
+        cos.stride(-2),
+        R_HALF=r_half,
+        D_REST=d_rest,
+        IS_VARLEN=varlen,
+        OFFSETS_TENSOR=offsets_tensor,
+        INTERLEAVED=bool(interleaved),
+        CONJ=bool(conjugate),
+        BLOCK_M=block_m,
+        BLOCK_H=block_h,
+        BLOCK_P=max(triton.next_power_of_2(max(d_rest, 1)), 2),
     )
     return qo, ko
 
@@ -215,7 +353,9 @@ def apply_rotary_triton(q, k, cos, sin, **kernel_args) -> tuple[torch.Tensor, to
     def rotate(xs, conjugate=False):
         if conjugate:  # gradients may arrive as expanded views; the kernel needs a unit last stride
             xs = tuple(x.contiguous() for x in xs)
-        qo, ko = rotary_qk_triton(xs[0], xs[1] if len(xs) > 1 else None, cos, sin, conjugate=conjugate, **kernel_args)
+        qo, ko = rotary_qk_triton(
+            xs[0], xs[1] if len(xs) > 1 else None, cos, sin, conjugate=conjugate, **kernel_args
+        )
         return (qo,) if len(xs) == 1 else (qo, ko)
 
     out = RotaryFunction.apply(rotate, q) if k is None else RotaryFunction.apply(rotate, q, k)

@@ -59,7 +59,9 @@ class RotaryKVCache:
         self.mode = _checks.one_of("mode", mode, MODES)
         self.keys: torch.Tensor | None = None  # rotated (rerotate, hf) or not (unrotated)
         self.values: torch.Tensor | None = None
-        self._schedule: tuple[torch.Tensor, float] | None = None  # (inv_freq64, attention factor) of cached keys
+        self._schedule: tuple[torch.Tensor, float] | None = (
+            None  # (inv_freq64, attention factor) of cached keys
+        )
 
     @property
     def length(self) -> int:
@@ -68,11 +70,16 @@ class RotaryKVCache:
     def reset(self) -> None:
         self.keys = self.values = self._schedule = None
 
-    def update(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def update(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         for name, t in (("q", q), ("k", k), ("v", v)):
             _checks.tensor_rank(name, t, 3)
         if not q.shape[-2] == k.shape[-2] == v.shape[-2]:
-            raise ValueError(f"q, k and v must hold the same new tokens, got lengths {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]}")
+            raise ValueError(
+                f"q, k and v must hold the same new tokens, got lengths {q.shape[-2]}, {k.shape[-2]}, "
+                f"{v.shape[-2]}"
+            )
         start = self.length
         total = start + k.shape[-2]
         rot = self.rotary
@@ -102,7 +109,8 @@ def rerotate_keys(
     """Move already rotated keys by ``delta`` positions: rotate(k, p) -> rotate(k, p + delta).
 
     Args:
-        keys: (..., seq, head_dim), rotated at some positions p (attention factor included or not: it is untouched).
+        keys: (..., seq, head_dim), rotated at some positions p (attention factor included or not: it is
+            untouched).
         delta: a number, or a tensor (seq,) or (batch, seq) with one shift per key; negative shifts move keys
             back (e.g. after evicting cache entries in front of them). Fractional shifts are allowed.
         rotary: the :class:`posenc.RotaryEmbedding` that rotated the keys (gives inv_freq and layout), or None
@@ -120,18 +128,26 @@ def rerotate_keys(
         inv64 = rotary.frequencies(context_len)[0]
         layout = rotary.layout if layout is None else layout
         if keys.shape[-1] != rotary.head_dim:
-            raise ValueError(f"keys must have last dimension head_dim={rotary.head_dim}, got shape {tuple(keys.shape)}")
+            raise ValueError(
+                f"keys must have last dimension head_dim={rotary.head_dim}, got shape {tuple(keys.shape)}"
+            )
     else:
         if inv_freq is None or layout is None:
             raise ValueError("rerotate_keys needs rotary=RotaryEmbedding, or both inv_freq and layout")
         inv64 = torch.as_tensor(inv_freq).to(torch.float64)
         if inv64.dim() != 1 or 2 * inv64.shape[0] > keys.shape[-1]:
-            raise ValueError(f"inv_freq must have shape (rotary_dim/2,) with rotary_dim <= {keys.shape[-1]}, got {tuple(inv64.shape)}")
+            raise ValueError(
+                f"inv_freq must have shape (rotary_dim/2,) with rotary_dim <= {keys.shape[-1]}, got "
+                f"{tuple(inv64.shape)}"
+            )
     _checks.layout(layout)
     seq = keys.shape[-2]
     if isinstance(delta, torch.Tensor):
         if delta.dim() not in (0, 1, 2) or (delta.dim() > 0 and delta.shape[-1] != seq):
-            raise ValueError(f"delta must be a number or a tensor of shape ({seq},) or (batch, {seq}), got {tuple(delta.shape)}")
+            raise ValueError(
+                f"delta must be a number or a tensor of shape ({seq},) or (batch, {seq}), got "
+                f"{tuple(delta.shape)}"
+            )
         d = delta.to(device=keys.device, dtype=torch.float64)
     elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
         d = torch.tensor(float(delta), dtype=torch.float64, device=keys.device)

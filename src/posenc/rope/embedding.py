@@ -29,7 +29,8 @@ class RotaryEmbedding(nn.Module):
         layout: "interleaved" (the chapter, Meta's Llama, GPT-J) or "half" (GPT-NeoX, Hugging Face Llama).
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict selecting a context-extension
             method (see :mod:`posenc.rope.frequencies`), or None. Its ``rope_theta`` replaces ``base`` and its
-            ``partial_rotary_factor`` sets rotary_dim. Kept as a copy: changing the dict later changes nothing.
+            ``partial_rotary_factor`` sets rotary_dim. Kept as a copy: changing the dict later changes
+            nothing.
         max_position_embeddings: the model's context length, needed by some scaling methods.
 
     Shape:
@@ -51,7 +52,11 @@ class RotaryEmbedding(nn.Module):
         _checks.even_int("head_dim", head_dim)
         _checks.positive_float("base", base)
         schedule = resolve_schedule(
-            head_dim, base=base, scaling=scaling, rotary_dim=rotary_dim, max_position_embeddings=max_position_embeddings
+            head_dim,
+            base=base,
+            scaling=scaling,
+            rotary_dim=rotary_dim,
+            max_position_embeddings=max_position_embeddings,
         )
         self.head_dim, self.rotary_dim, self.base = head_dim, schedule.rotary_dim, schedule.base
         self.layout = _checks.layout(layout)
@@ -111,7 +116,9 @@ class RotaryEmbedding(nn.Module):
         else:
             positions = positions if device is None else positions.to(device)
             positions = positions + offset if offset else positions
-        return self.table.lookup(positions, device=device, dtype=dtype, context_len=context_len, factor=factor)
+        return self.table.lookup(
+            positions, device=device, dtype=dtype, context_len=context_len, factor=factor
+        )
 
     def _cos_sin_for(self, x: torch.Tensor, positions, offset: int, context_len=None, factor=None):
         """cos/sin for x (..., seq, head_dim), shaped to broadcast against it."""
@@ -129,10 +136,18 @@ class RotaryEmbedding(nn.Module):
     def _check(self, name: str, x: torch.Tensor) -> None:
         _checks.tensor_rank(name, x, 2)
         if x.shape[-1] != self.head_dim:
-            raise ValueError(f"{name} must have last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"{name} must have last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}"
+            )
 
     def rotate(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0, *, context_len=None, factor=None
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        offset: int = 0,
+        *,
+        context_len=None,
+        factor=None,
     ) -> torch.Tensor:
         """Rotate one tensor x (..., seq, head_dim) by its positions.
 
@@ -178,5 +193,6 @@ class RotaryEmbedding(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, layout={self.layout!r}"
+        s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
+        s += f"layout={self.layout!r}"
         return s + (f", scaling={self._scaling!r}" if self._scaling else "")

@@ -24,7 +24,8 @@ the ground truth the tests compare against):
 - "dynamic": dynamic NTK, the NTK base recomputed from the current sequence length (emozilla, 2023).
 - "yarn": YaRN, a per-frequency ramp between interpolation and extrapolation plus an attention
   temperature (Peng et al. 2023, arxiv.org/abs/2309.00071).
-- "dynamic_yarn": YaRN with factor = max(1, seq_len / original_max_position_embeddings) (same paper, sec. 3.3).
+- "dynamic_yarn": YaRN with factor = max(1, seq_len / original_max_position_embeddings)
+  (same paper, sec. 3.3).
 - "llama3": Llama 3.1's piecewise wavelength scaling (Meta, "The Llama 3 Herd of Models", 2024).
 - "longrope": per-frequency rescale factors, short or long set by sequence length
   (Ding et al. 2024, arxiv.org/abs/2402.13753; Phi-3).
@@ -68,7 +69,9 @@ def default_frequencies(dim: int, *, base: float = 10000.0, seq_len: int | None 
     return _schedule(dim, base), 1.0
 
 
-def linear_frequencies(dim: int, *, base: float = 10000.0, factor: float, seq_len: int | None = None) -> Frequencies:
+def linear_frequencies(
+    dim: int, *, base: float = 10000.0, factor: float, seq_len: int | None = None
+) -> Frequencies:
     """Position interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595): omega_k / factor.
 
     Dividing every frequency by ``factor`` is the same as dividing every position by it, which keeps the
@@ -77,7 +80,9 @@ def linear_frequencies(dim: int, *, base: float = 10000.0, factor: float, seq_le
     return _schedule(dim, base) / factor, 1.0
 
 
-def ntk_frequencies(dim: int, *, base: float = 10000.0, factor: float, seq_len: int | None = None) -> Frequencies:
+def ntk_frequencies(
+    dim: int, *, base: float = 10000.0, factor: float, seq_len: int | None = None
+) -> Frequencies:
     """Static NTK-aware scaling (bloc97, 2023; YaRN paper sec. 3.1): base -> base * factor^(dim/(dim-2)).
 
     The exponent makes the slowest pair exactly ``factor`` times slower (interpolated) while the fastest
@@ -141,7 +146,11 @@ def yarn_frequencies(
 
     def correction_dim(rotations: float) -> float:
         # the (fractional) rotary dimension whose pair turns `rotations` times over the original context
-        return dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        return (
+            dim
+            * math.log(original_max_position_embeddings / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
     if truncate:
@@ -210,7 +219,9 @@ def llama3_frequencies(
     low_wavelen = original_max_position_embeddings / low_freq_factor
     high_wavelen = original_max_position_embeddings / high_freq_factor
     wavelen = 2 * math.pi / inv
-    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
     blended = (1 - smooth) * inv / factor + smooth * inv
     out = torch.where(wavelen > low_wavelen, inv / factor, inv)
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
@@ -246,7 +257,9 @@ def longrope_frequencies(
             attention_factor = math.sqrt(1 + math.log(factor) / math.log(original_max_position_embeddings))
     for key, rescale in (("short_factor", short_factor), ("long_factor", long_factor)):
         if len(rescale) != dim // 2:
-            raise ValueError(f"scaling[{key!r}] must have rotary_dim/2 = {dim // 2} entries, got {len(rescale)}")
+            raise ValueError(
+                f"scaling[{key!r}] must have rotary_dim/2 = {dim // 2} entries, got {len(rescale)}"
+            )
     use_long = seq_len is not None and seq_len > original_max_position_embeddings
     rescale = torch.tensor(long_factor if use_long else short_factor, dtype=torch.float64)
     return _schedule(dim, base) / rescale, float(attention_factor)
@@ -316,7 +329,8 @@ METHODS: dict[str, _Method] = {
         factor_key=None,
     ),
     "llama3": _Method(
-        llama3_frequencies, ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        llama3_frequencies,
+        ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     ),
     "longrope": _Method(
         longrope_frequencies,
@@ -343,7 +357,8 @@ class Schedule:
     """A resolved RoPE frequency schedule: method, parameters, base and the dimensions it covers.
 
     Build with :func:`resolve_schedule`. ``rotary_dim`` is how many dimensions of a head rotate; ``freq_dim``
-    is the dimension the method's schedule is computed over (rotary_dim, or the whole head for "proportional").
+    is the dimension the method's schedule is computed over (rotary_dim, or the whole head for
+    "proportional").
     """
 
     method: str
@@ -392,11 +407,16 @@ class Schedule:
 def _method_and_params(scaling) -> tuple[str, dict]:
     """Validate a scaling dict's method name and keys; returns (method, its parameters)."""
     if not isinstance(scaling, Mapping):
-        raise ValueError(f"scaling must be a dict like {{'rope_type': 'yarn', 'factor': 4.0, ...}} or None, got {scaling!r}")
+        raise ValueError(
+            f"scaling must be a dict like {{'rope_type': 'yarn', 'factor': 4.0, ...}} or None, got "
+            f"{scaling!r}"
+        )
     accepted = ", ".join(map(repr, METHODS))
     name = scaling.get("rope_type", scaling.get("type"))
     if name is None:
-        raise ValueError(f"scaling needs a 'rope_type' (or 'type') key, one of {accepted}; got keys {sorted(scaling)}")
+        raise ValueError(
+            f"scaling needs a 'rope_type' (or 'type') key, one of {accepted}; got keys {sorted(scaling)}"
+        )
     name = _ALIASES.get(name, name)
     if name not in METHODS:
         raise ValueError(f"scaling['rope_type'] must be one of {accepted}; got {name!r}")
@@ -407,7 +427,9 @@ def _method_and_params(scaling) -> tuple[str, dict]:
     known = set(m.required) | set(m.optional) | set(_COMMON_KEYS)
     unknown = sorted(set(scaling) - known)
     if unknown:
-        raise ValueError(f"scaling for rope_type {name!r} has unknown keys {unknown}; accepted: {sorted(known)}")
+        raise ValueError(
+            f"scaling for rope_type {name!r} has unknown keys {unknown}; accepted: {sorted(known)}"
+        )
     params = {k: scaling[k] for k in (*m.required, *m.optional) if scaling.get(k) is not None}
     _validate(name, params)
     return name, params
@@ -420,7 +442,12 @@ def _validate(name: str, p: dict) -> None:
     if "factor" in p:
         _checks.number(key("factor"), p["factor"], minimum=1.0)
     if "original_max_position_embeddings" in p:
-        _checks.number(key("original_max_position_embeddings"), p["original_max_position_embeddings"], minimum=1, integer=True)
+        _checks.number(
+            key("original_max_position_embeddings"),
+            p["original_max_position_embeddings"],
+            minimum=1,
+            integer=True,
+        )
     for k in ("beta_fast", "beta_slow", "low_freq_factor", "high_freq_factor", "attention_factor"):
         if k in p:
             _checks.number(key(k), p[k], minimum=0, strict=True)
@@ -431,11 +458,13 @@ def _validate(name: str, p: dict) -> None:
         raise ValueError(f"{key('truncate')} must be True or False, got {p['truncate']!r}")
     if p.get("beta_fast", 32.0) < p.get("beta_slow", 1.0):
         raise ValueError(
-            f"scaling['beta_fast'] must be >= scaling['beta_slow'], got {p.get('beta_fast', 32.0)!r} < {p.get('beta_slow', 1.0)!r}"
+            f"scaling['beta_fast'] must be >= scaling['beta_slow'], got {p.get('beta_fast', 32.0)!r} < "
+            f"{p.get('beta_slow', 1.0)!r}"
         )
     if name == "llama3" and p["high_freq_factor"] <= p["low_freq_factor"]:
         raise ValueError(
-            f"scaling['high_freq_factor'] must be > scaling['low_freq_factor'], got {p['high_freq_factor']!r} <= {p['low_freq_factor']!r}"
+            "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], got "
+            f"{p['high_freq_factor']!r} <= {p['low_freq_factor']!r}"
         )
     for k in ("short_factor", "long_factor"):
         if k in p:
@@ -476,7 +505,11 @@ def resolve_schedule(
     name, params = ("default", {}) if scaling is None else _method_and_params(scaling)
     if scaling is not None and scaling.get("rope_theta") is not None:
         base = float(_checks.number("scaling['rope_theta']", scaling["rope_theta"], minimum=0, strict=True))
-    prf = None if partial_rotary_factor is None else _partial_rotary_factor("partial_rotary_factor", partial_rotary_factor)
+    prf = (
+        None
+        if partial_rotary_factor is None
+        else _partial_rotary_factor("partial_rotary_factor", partial_rotary_factor)
+    )
     if scaling is not None and scaling.get("partial_rotary_factor") is not None:
         prf = _partial_rotary_factor("scaling['partial_rotary_factor']", scaling["partial_rotary_factor"])
     if max_position_embeddings is not None:
@@ -488,7 +521,9 @@ def resolve_schedule(
             + "), got None"
         )
     rotary_dim = _rotary_dim(head_dim, rotary_dim, None if METHODS[name].whole_head else prf)
-    return Schedule(name, params, base, head_dim, rotary_dim, max_position_embeddings, 1.0 if prf is None else prf)
+    return Schedule(
+        name, params, base, head_dim, rotary_dim, max_position_embeddings, 1.0 if prf is None else prf
+    )
 
 
 def _rotary_dim(head_dim: int, rotary_dim: int | None, prf: float | None) -> int:
@@ -529,8 +564,10 @@ def rope_frequencies(
         head_dim: size of each attention head.
         base: rope_theta; a ``rope_theta`` inside ``scaling`` (the ``rope_parameters`` form) takes precedence.
         scaling: None, or a ``rope_scaling`` dict (``{"type" or "rope_type": ..., "factor": ...}``) or a
-            ``rope_parameters`` dict (``{"rope_type": ..., "rope_theta": ..., ...}``). Methods: see :data:`METHODS`.
-        seq_len: the current sequence length, for the length-dependent methods (dynamic, dynamic_yarn, longrope).
+            ``rope_parameters`` dict (``{"rope_type": ..., "rope_theta": ..., ...}``). Methods: see
+            :data:`METHODS`.
+        seq_len: the current sequence length, for the length-dependent methods (dynamic, dynamic_yarn,
+            longrope).
         max_position_embeddings: the config's max_position_embeddings (dynamic needs it; longrope without
             ``factor`` derives its factor from it).
         partial_rotary_factor: rotate only int(head_dim * partial_rotary_factor) dimensions; a value inside

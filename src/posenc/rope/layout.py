@@ -60,7 +60,9 @@ def convert_layout(
     if not isinstance(weight, torch.Tensor):
         raise ValueError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
     if weight.dim() not in (1, 2):
-        raise ValueError(f"weight must be a weight (out, in) or a bias (out,), got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be a weight (out, in) or a bias (out,), got shape {tuple(weight.shape)}"
+        )
     perm = layout_permutation(head_dim, from_, to, rotary_dim)
     out = weight.shape[0]
     if out % head_dim:

@@ -51,7 +51,9 @@ class CosSinTable:
             (batch, rotary_dim/2) and attention factors (batch,) float64.
         """
         if factor is not None and self.schedule.method == "default":
-            raise ValueError("factor needs a scaling method (RotaryEmbedding(..., scaling={...})), got scaling=None")
+            raise ValueError(
+                "factor needs a scaling method (RotaryEmbedding(..., scaling={...})), got scaling=None"
+            )
         lengths, factors = _per_sequence(context_len), _per_sequence(factor)
         if lengths is None and factors is None:
             return self._one(_scalar(context_len), _scalar(factor))
@@ -60,7 +62,8 @@ class CosSinTable:
         factors = factors or [_scalar(factor)] * n
         if len(lengths) != len(factors):
             raise ValueError(
-                f"context_len and factor must give one value per sequence each, got {len(lengths)} and {len(factors)}"
+                f"context_len and factor must give one value per sequence each, got {len(lengths)} and "
+                f"{len(factors)}"
             )
         memo: dict = {}  # sequences in a batch often share a length
         rows = [memo.setdefault((c, f), self._one(c, f)) for c, f in zip(lengths, factors, strict=True)]
@@ -112,7 +115,9 @@ class CosSinTable:
         cached = self._cache.get(device)
         if cached is None or cached[0].shape[0] < end:
             size = max(end, 2 * (0 if cached is None else cached[0].shape[0]), 256)
-            cached = cos_sin_of(torch.arange(size, device=device), self.inv_freq64, self.attention_factor, torch.float32)
+            cached = cos_sin_of(
+                torch.arange(size, device=device), self.inv_freq64, self.attention_factor, torch.float32
+            )
             self._cache[device] = cached
         return cached
 
@@ -129,14 +134,16 @@ def align_to(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, what: str = 
         return cos, sin
     if x.dim() < 3 or cos.shape[0] not in (1, x.shape[0]):
         raise ValueError(
-            f"{what} give {cos.shape[0]} per-sequence schedules, which do not match x of shape {tuple(x.shape)}"
+            f"{what} give {cos.shape[0]} per-sequence schedules, which do not match x of shape "
+            f"{tuple(x.shape)}"
         )
     shape = (cos.shape[0],) + (1,) * (x.dim() - 3) + cos.shape[1:]
     return cos.reshape(shape), sin.reshape(shape)
 
 
 def cos_sin_of(positions: torch.Tensor, inv, attn, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of float64 angles, times the attention factor (a float or (batch,) tensor), cast to dtype."""
+    """cos and sin of float64 angles, times the attention factor (a float or (batch,) tensor), cast to
+    dtype."""
     theta = angles(positions, inv)
     cos, sin = torch.cos(theta), torch.sin(theta)
     if isinstance(attn, torch.Tensor):
