@@ -25,6 +25,7 @@ import triton.language as tl
 from .rotary_function import RotaryFunction
 
 
+# fmt: off  (Triton kernels: the argument lists read best grouped by role)
 @triton.jit
 def _rotate_tile(
     X,
@@ -208,6 +209,9 @@ def _rope_qk_kernel(
         )
 
 
+# fmt: on
+
+
 def _strides(x: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, head, seq) strides of a 4-D x, or (0, head, token) of a packed 3-D x."""
     if varlen:
@@ -243,8 +247,8 @@ def _check_arguments(q, k, cos, sin, seqlen_offsets, cu_seqlens, max_seqlen) -> 
     head_dim, r_half = q.shape[-1], cos.shape[-1]
     if 2 * r_half > head_dim or sin.shape != cos.shape:
         raise ValueError(
-            "cos and sin must have matching shapes (..., rotary_dim/2) with rotary_dim <= "
-            f"head_dim={head_dim}, "
+            "cos and sin must have matching shapes (..., rotary_dim/2) with "
+            f"rotary_dim <= head_dim={head_dim}, "
             f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
         )
     if varlen:
@@ -279,10 +283,10 @@ def rotary_qk_triton(
     Args:
         q: (batch, heads_q, seq, head_dim), or with ``cu_seqlens`` (heads_q, total_tokens, head_dim);
             the last dimension must be contiguous.
-        k: the same with heads_k heads (heads_k may differ from heads_q), same dtype and sequence layout, or
-            None.
-        cos, sin: (table_len, rotary_dim/2) or (batch, table_len, rotary_dim/2); float32, or float64 for
-            float64 x.
+        k: the same with heads_k heads (heads_k may differ from heads_q), same dtype and sequence layout;
+            or None.
+        cos, sin: (table_len, rotary_dim/2) or (batch, table_len, rotary_dim/2); float32 (float64 for
+            float64 x).
         interleaved: pairs (2i, 2i+1) if True, (i, i + rotary_dim/2) if False.
         conjugate: rotate by -theta (backward).
         inplace: write into q and k.
@@ -314,35 +318,19 @@ def rotary_qk_triton(
     # Untuned on hardware so far: benchmarks/gpu_check.sh reports the resulting share of HBM bandwidth.
     block_m = max(4, min(64, 2048 // block_h))
     grid = (triton.cdiv(max(seqlen, 1), block_m), heads_q + heads_k, batch)
+    # fmt: off
     _rope_qk_kernel[grid](
-        q,
-        kk,
-        qo,
-        kko,
-        cos,
-        sin,
-        cu_seqlens if varlen else cos,
-        offs,
-        seqlen,
-        offset,
-        cos.shape[-2],
-        heads_q,
-        *_strides(q, varlen),
-        *_strides(qo, varlen),
-        *_strides(kk, varlen),
-        *_strides(kko, varlen),
-        scb,
-        cos.stride(-2),
-        R_HALF=r_half,
-        D_REST=d_rest,
-        IS_VARLEN=varlen,
-        OFFSETS_TENSOR=offsets_tensor,
-        INTERLEAVED=bool(interleaved),
-        CONJ=bool(conjugate),
-        BLOCK_M=block_m,
-        BLOCK_H=block_h,
-        BLOCK_P=max(triton.next_power_of_2(max(d_rest, 1)), 2),
+        q, kk, qo, kko, cos, sin, cu_seqlens if varlen else cos, offs,
+        seqlen, offset, cos.shape[-2], heads_q,
+        *_strides(q, varlen), *_strides(qo, varlen),
+        *_strides(kk, varlen), *_strides(kko, varlen),
+        scb, cos.stride(-2),
+        R_HALF=r_half, D_REST=d_rest,
+        IS_VARLEN=varlen, OFFSETS_TENSOR=offsets_tensor,
+        INTERLEAVED=bool(interleaved), CONJ=bool(conjugate),
+        BLOCK_M=block_m, BLOCK_H=block_h, BLOCK_P=max(triton.next_power_of_2(max(d_rest, 1)), 2),
     )
+    # fmt: on
     return qo, ko
 
 
