@@ -44,3 +44,11 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture
 def cache_dir(tmp_path):
     return tmp_path / "cache"
+
+
+@pytest.fixture
+def corpus(corpus_dir, cache_dir):
+    """The small corpus, loaded (train and checkpoint tests)."""
+    from posenc.lab.data import load_corpus
+
+    return load_corpus(corpus_dir, cache_dir=cache_dir)

@@ -1,15 +1,17 @@
 """posenc.lab.evaluate: perplexity protocol against a by-hand computation, extensions, passkey, n/a rows."""
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from posenc.lab.config import GPTConfig
 from posenc.lab.data import decode
 from posenc.lab.errors import LabError
-from posenc.lab.evaluate import check_lengths, evaluate, passkey_accuracy, passkey_prompt, perplexities
-from posenc.lab.model import GPT, GPTConfig
+from posenc.lab.evaluate import Row, evaluate, passkey_accuracy, passkey_prompt, perplexities
+from posenc.lab.model import GPT
 
 VAL = (np.arange(3000) * 7919 % 256).astype(np.uint8)
 
@@ -77,12 +79,6 @@ def test_non_rope_models_get_only_their_own_row_and_extensions_need_rope():
         perplexities(tiny("rope"), VAL, [16], train_len=8, extension="longer")
 
 
-@pytest.mark.parametrize("bad", [[], [0, 8], [8, 8], ["x"]])
-def test_bad_lengths_are_clear_errors(bad):
-    with pytest.raises(LabError, match="eval_lens"):
-        check_lengths("eval_lens", bad)
-
-
 def test_passkey_prompt_has_exact_length_and_hides_the_key():
     for depth in (0.0, 0.5, 1.0):
         ids, key = passkey_prompt(300, "73914", depth)
@@ -111,3 +107,25 @@ def test_passkey_accuracy_counts_exact_matches():
     acc = passkey_accuracy(tiny("rope"), [150], trials=2)
     assert 0.0 <= acc[150] <= 1.0
     assert passkey_accuracy(tiny("learned", max_len=8), [150], trials=1) == {150: None}
+
+
+def test_row_to_dict_is_the_json_row_of_eval_and_compare():
+    row = Row("rope+pi", ppl={8: 2.0, 16: None}, ppl_past={8: None, 16: None}, note="why")
+    d = row.to_dict()
+    assert list(d) == ["scheme", "ppl", "ppl_past", "note"]
+    assert d == {
+        "scheme": "rope+pi",
+        "ppl": {"8": 2.0, "16": None},
+        "ppl_past": {"8": None, "16": None},
+        "note": "why",
+    }
+    assert json.loads(json.dumps(d)) == d
+
+
+def test_passkey_with_an_extension_leaves_the_model_as_it_was():
+    m = tiny("rope", max_len=8)
+    original = m.rotary
+    acc = passkey_accuracy(m, [110], trials=1, extension="yarn")
+    assert set(acc) == {110} and m.rotary is original
+    with pytest.raises(LabError, match="needs a rope model"):
+        passkey_accuracy(tiny("alibi"), [110], trials=1, extension="pi")

@@ -1,4 +1,4 @@
-"""posenc.lab.model: the GPT, its encoding registry and KV-cached generation."""
+"""posenc.lab.model: the GPT, KV-cached generation and eval-time RoPE extension."""
 
 import math
 
@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc import PositionError
+from posenc.lab.config import GPTConfig
 from posenc.lab.errors import LabError
-from posenc.lab.model import ENCODINGS, GPT, GPTConfig, KVCache
+from posenc.lab.model import GPT, KVCache, rope_extension
 
 SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi"]
 
@@ -17,10 +18,6 @@ def tiny(encoding, **kw):
     torch.manual_seed(0)
     cfg = GPTConfig(encoding=encoding, n_layer=2, n_head=2, d_model=16, max_len=kw.pop("max_len", 32), **kw)
     return GPT(cfg).eval()
-
-
-def test_registry_has_the_five_schemes():
-    assert set(SCHEMES) <= set(ENCODINGS)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -122,29 +119,6 @@ def test_linear_scaling_equals_rotating_at_divided_positions():
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "kw, match",
-    [
-        (
-            {"encoding": "xpos"},
-            "encoding='xpos' is not known; allowed: alibi, learned, none, rope, sinusoidal",
-        ),
-        ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
-        ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),
-    ],
-)
-def test_bad_config_is_a_clear_error(kw, match):
-    with pytest.raises(LabError, match=match):
-        GPTConfig(**kw)
-
-
-def test_config_round_trips_and_rejects_unknown_keys():
-    cfg = GPTConfig(encoding="alibi", d_model=32, n_head=2)
-    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(LabError, match="unknown keys"):
-        GPTConfig.from_dict({**cfg.to_dict(), "dropout": 0.1})
-
-
 def test_negative_temperature_is_rejected():
     with pytest.raises(LabError, match="temperature"):
         tiny("none").generate(torch.tensor([[1]]), 1, temperature=-1)
@@ -161,3 +135,63 @@ def test_untrained_model_is_near_uniform_even_on_the_current_byte(d_model):
     on_random = F.cross_entropy(m(x).reshape(-1, 256), y.reshape(-1)).item()
     assert abs(on_random - math.log(256)) < 0.5
     assert on_self > math.log(256) - 3.5
+
+
+def test_state_dict_names_each_encoding_module_once():
+    # Checkpoints store these keys; the encoding's modules are children under one name each.
+    def outside_blocks(m):
+        return [k for k in m.state_dict() if not k.startswith("blocks.")]
+
+    assert outside_blocks(tiny("learned")) == ["tok.weight", "pos_input.weight", "norm.weight"]
+    for scheme in ("none", "sinusoidal", "rope", "alibi"):
+        assert outside_blocks(tiny(scheme)) == ["tok.weight", "norm.weight"]
+
+
+def test_cached_decoding_rotates_every_key_with_the_current_schedule():
+    # Keys are cached unrotated, so under dynamic NTK (whose frequencies change with the context) cached
+    # logits still equal a fresh forward over the whole prefix; keys rotated once when new would not.
+    m = tiny("rope", max_len=8)
+    idx = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(6))
+    with rope_extension(m, "dynamic", 3.0, 8):
+        cache = KVCache(m.cfg.n_layer)
+        cached = [m(idx[:, :4], cache)] + [m(idx[:, t : t + 1], cache) for t in range(4, 24)]
+        fresh = [m(idx[:, :4])] + [m(idx[:, : t + 1])[:, -1:] for t in range(4, 24)]
+    torch.testing.assert_close(torch.cat(cached, 1), torch.cat(fresh, 1), rtol=0, atol=1e-6)
+
+
+def test_rope_extension_applies_inside_and_puts_the_original_back():
+    m = tiny("rope", max_len=8)
+    original = m.rotary
+    idx = torch.randint(0, 256, (1, 32), generator=torch.Generator().manual_seed(4))
+    base = m(idx)
+    with rope_extension(m, "pi", 4.0, 8) as same:
+        assert same is m and m.rotary is not original and m.rotary.scaling is not None
+        scaled = m(idx)
+    assert m.rotary is original
+    torch.testing.assert_close(m(idx), base, rtol=0, atol=0)
+    m.set_rope_scaling({"rope_type": "linear", "factor": 4.0})
+    torch.testing.assert_close(m(idx), scaled, rtol=0, atol=0)
+
+
+def test_rope_extension_changes_nothing_within_the_training_length_or_without_a_method():
+    m = tiny("rope", max_len=8)
+    original = m.rotary
+    with rope_extension(m, "yarn", 1.0, 8):
+        assert m.rotary is original
+    alibi = tiny("alibi")
+    with rope_extension(alibi, None, 4.0, 8):
+        assert alibi.rotary is None
+
+
+def test_rope_extension_restores_after_an_error_and_checks_its_arguments():
+    m = tiny("rope", max_len=8)
+    original = m.rotary
+    with pytest.raises(RuntimeError, match="boom"), rope_extension(m, "ntk", 2.0, 8):
+        raise RuntimeError("boom")
+    assert m.rotary is original
+    with pytest.raises(LabError, match="extension='rerope' is not known; allowed: pi, ntk, dynamic, yarn"):
+        with rope_extension(m, "rerope", 2.0, 8):
+            pass
+    with pytest.raises(LabError, match="extension='pi' needs a rope model; this one is 'alibi'"):
+        with rope_extension(tiny("alibi"), "pi", 2.0, 8):
+            pass

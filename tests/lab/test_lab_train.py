@@ -1,6 +1,5 @@
-"""posenc.lab.train and checkpoint: schedule, determinism, resume, kill safety, corrupt/mismatched checkpoints."""
+"""posenc.lab.train: schedule, determinism, resume (also after SIGKILL), refusing mismatched runs."""
 
-import json
 import math
 import os
 import signal
@@ -12,19 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from posenc.lab.checkpoint import latest_checkpoint, read_checkpoint, save_checkpoint
-from posenc.lab.data import load_corpus
+from posenc.lab.checkpoint import latest_checkpoint, read_checkpoint
+from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.errors import CheckpointError, LabError
-from posenc.lab.model import GPT, GPTConfig
-from posenc.lab.train import TrainConfig, load_model, lr_at, train
+from posenc.lab.train import lr_at, train
 
 MODEL = GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=16)
+
+
 OPT = TrainConfig(steps=6, batch_size=4, lr=1e-2, warmup=2, seed=1)
-
-
-@pytest.fixture
-def corpus(corpus_dir, cache_dir):
-    return load_corpus(corpus_dir, cache_dir=cache_dir)
 
 
 def weights(model):
@@ -104,71 +99,6 @@ def test_mismatched_config_is_refused_on_resume(corpus, tmp_path):
             progress=False,
             resume=True,
         )
-
-
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
-def test_corrupt_checkpoint_is_reported_not_loaded(corpus, tmp_path, damage):
-    train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, stop_after=2)
-    ckpt = latest_checkpoint(tmp_path / "run")
-    target = ckpt / "model.safetensors"
-    data = bytearray(target.read_bytes())
-    if damage == "flip":
-        data[-5] ^= 0xFF
-        target.write_bytes(bytes(data))
-    elif damage == "truncate":
-        target.write_bytes(bytes(data[: len(data) // 2]))
-    else:
-        target.unlink()
-    with pytest.raises(CheckpointError, match=str(ckpt)):
-        train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, resume=True)
-    with pytest.raises(CheckpointError, match="corrupt|incomplete"):
-        load_model(tmp_path / "run")
-
-
-def test_missing_checkpoint_is_a_clear_error(tmp_path):
-    with pytest.raises(CheckpointError, match="no checkpoint at"):
-        load_model(tmp_path)
-
-
-def test_checkpoint_holds_safetensors_weights_and_json_config(corpus, tmp_path):
-    r = train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False)
-    ckpt = latest_checkpoint(tmp_path / "run")
-    assert sorted(p.name for p in ckpt.iterdir()) == [
-        "manifest.json",
-        "model.safetensors",
-        "optimizer.pt",
-        "state.json",
-    ]
-    tensors = load_file(ckpt / "model.safetensors")
-    for k, v in r.model.state_dict().items():
-        assert torch.equal(tensors[k], v)
-    state = json.loads((ckpt / "state.json").read_text())
-    assert state["step"] == OPT.steps and state["model"] == MODEL.to_dict()
-    model, _ = load_model(tmp_path / "run")
-    x = torch.randint(0, 256, (1, 8))
-    assert torch.equal(model(x), r.model(x))
-    # only one complete checkpoint is kept, and no temporary directories are left behind
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
-        "latest",
-        f"step-{OPT.steps:07d}",
-    ]
-
-
-def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    model = GPT(MODEL)
-    save_checkpoint(tmp_path, 1, model, None, {"model": MODEL.to_dict()})
-
-    def boom(*a, **k):
-        raise OSError("disk full")
-
-    import safetensors.torch
-
-    monkeypatch.setattr(safetensors.torch, "save_file", boom)
-    with pytest.raises(OSError):
-        save_checkpoint(tmp_path, 2, model, None, {"model": MODEL.to_dict()})
-    assert latest_checkpoint(tmp_path).name == "step-0000001"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step-0000001"]
-    read_checkpoint(latest_checkpoint(tmp_path))  # still verifies
 
 
 def _cli(*args):

@@ -1,4 +1,4 @@
-"""Checkpoints that survive a kill at any moment.
+"""Checkpoints that survive a kill at any moment, and loading a trained model from one.
 
 Layout of a run directory::
 
@@ -10,6 +10,9 @@ place (``os.replace``), and only then is ``latest`` replaced (write a temporary 
 ``os.replace``). A kill before the rename leaves a stray ``*.tmp`` directory that is ignored and
 cleaned up; a kill after it leaves a complete checkpoint. ``manifest.json`` holds the SHA-256 of
 every other file, so a checkpoint damaged later (disk, copy, hand edit) is reported, never loaded.
+
+``state.json`` holds the run state (:func:`run_state`: model config, optimisation settings, corpus) and
+the step; a run is resumed only from a checkpoint whose run state matches (:func:`check_resumable`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.errors import CheckpointError
+from posenc.lab.model import GPT
+from posenc.lab.runtime import check_device
 
 _FILES = ("model.safetensors", "optimizer.pt", "state.json")
 
@@ -184,3 +191,59 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
             f"(with checkpoints/latest) or a checkpoint directory (with manifest.json)"
         )
     return latest
+
+
+def is_complete(out_dir: str | os.PathLike, steps: int) -> bool:
+    """Whether a run directory holds a checkpoint at its final step."""
+    latest = latest_checkpoint(out_dir)
+    if latest is None:
+        return False
+    try:
+        state = json.loads((latest / "state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return int(state.get("step", -1)) >= steps
+
+
+def run_state(model_cfg: GPTConfig, train_cfg: TrainConfig, corpus: str) -> dict:
+    """What a checkpoint must match to be resumed: model, optimisation and data."""
+    return {"model": model_cfg.to_dict(), "train": asdict(train_cfg), "corpus": corpus}
+
+
+def check_resumable(saved: dict, wanted: dict, path: Path) -> None:
+    """Refuse to resume from checkpoint ``path`` when its run state differs from ``wanted``, naming each
+    difference."""
+    diffs = []
+    for section in ("model", "train", "corpus"):
+        a, b = saved.get(section), wanted[section]
+        if isinstance(b, dict):
+            a = a or {}
+            diffs += [
+                f"{section}.{k}: checkpoint has {a.get(k)!r}, requested {b[k]!r}"
+                for k in b
+                if a.get(k) != b[k]
+            ]
+        elif a != b:
+            diffs.append(f"{section}: checkpoint has {a!r}, requested {b!r}")
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written for a different configuration; resuming would not "
+            f"continue the same run: " + "; ".join(diffs)
+        )
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
+    """A trained model from a run directory or checkpoint directory, in eval mode, and its saved state."""
+    device = check_device(str(device))
+    ckpt = resolve_checkpoint(path)
+    tensors, state, _ = read_checkpoint(ckpt, with_optimizer=False)
+    if "model" not in state:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} has no model config in state.json")
+    model = GPT(GPTConfig.from_dict(state["model"]))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {str(ckpt)!r} does not fit its own config: "
+            f"missing {missing}, unexpected {unexpected}"
+        )
+    return model.to(device).eval(), state

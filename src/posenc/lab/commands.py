@@ -59,13 +59,12 @@ def _str_list(text: str) -> list[str]:
 
 
 def _positive_int(text: str) -> int:
+    from posenc.lab.config import check_int
+
     try:
-        v = int(text)
-    except ValueError:
+        return check_int("value", int(text))
+    except ValueError:  # not an integer, or a LabError from check_int
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
@@ -80,8 +79,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 @_guard("train")
 def cmd_train(args) -> int:
-    from posenc.lab.model import GPTConfig
-    from posenc.lab.train import TrainConfig, train
+    from posenc.lab.config import GPTConfig, TrainConfig
+    from posenc.lab.train import train
 
     model_cfg = GPTConfig(
         encoding=args.encoding,
@@ -119,9 +118,10 @@ def cmd_train(args) -> int:
         if rank != 0:
             return 0
     if result.losses:
-        step, loss = result.losses[-1]
+        _, loss = result.losses[-1]
         print(
-            f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; checkpoint in {args.out}"
+            f"trained {args.encoding} to step {result.step}: loss {loss:.4f} nats/byte; "
+            f"checkpoint in {args.out}"
         )
     else:
         print(f"{args.out} is already at step {result.step}; nothing to train")
@@ -133,31 +133,21 @@ def cmd_train(args) -> int:
 
 @_guard("eval")
 def cmd_eval(args) -> int:
-    from posenc.lab.compare import markdown_table, past_table
+    from posenc.lab.checkpoint import load_model
+    from posenc.lab.config import check_choices
     from posenc.lab.data import load_corpus
-    from posenc.lab.errors import LabError
-    from posenc.lab.evaluate import EXTENSIONS, evaluate, passkey_accuracy
-    from posenc.lab.train import load_model
+    from posenc.lab.evaluate import EXTENSIONS, evaluate
+    from posenc.lab.report import markdown_table, past_table
 
     model, state = load_model(args.ckpt, args.device)
     train_len = model.cfg.max_len
     lens = args.lens or [train_len * m for m in (1, 2, 4, 8)]
-    exts = tuple(args.extensions) if args.extensions is not None else EXTENSIONS
-    bad = [e for e in exts if e not in EXTENSIONS]
-    if bad:
-        raise LabError(f"--extensions {','.join(bad)} not known; allowed: {', '.join(EXTENSIONS)}")
+    exts = tuple(args.extensions) if args.extensions is not None else tuple(EXTENSIONS)
+    check_choices("extensions", exts, EXTENSIONS, empty_ok=True)
     corpus = args.corpus or state.get("corpus")
     data = load_corpus(corpus, cache_dir=args.cache_dir, min_val_tokens=max(lens) + 1)
     rows = evaluate(model, data.val, lens, train_len=train_len, max_tokens=args.eval_tokens, extensions=exts)
-    dict_rows = [
-        {
-            "scheme": r.scheme,
-            "note": r.note,
-            "ppl": {str(k): v for k, v in r.ppl.items()},
-            "ppl_past": {str(k): v for k, v in r.ppl_past.items()},
-        }
-        for r in rows
-    ]
+    dict_rows = [r.to_dict() for r in rows]
     report = {
         "checkpoint": str(args.ckpt),
         "train_len": train_len,
@@ -169,23 +159,27 @@ def cmd_eval(args) -> int:
     if past:
         print("\n" + past)
     if args.passkey_lens:
-        acc = {
-            "plain": passkey_accuracy(model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed)
-        }
-        if model.cfg.encoding == "rope":
-            for ext in exts:
-                acc[ext] = passkey_accuracy(
-                    model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed, extension=ext
-                )
-        report["passkey"] = {k: {str(n): v for n, v in d.items()} for k, d in acc.items()}
-        print("\npasskey retrieval accuracy (greedy, exact match):")
-        for k, d in acc.items():
-            print(
-                f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items())
-            )
+        report["passkey"] = _passkey(model, args, exts)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _passkey(model, args, exts: tuple[str, ...]) -> dict:
+    """Passkey accuracy at ``--passkey-lens``, plain and (RoPE) with each extension; printed and returned."""
+    from posenc.lab.evaluate import passkey_accuracy
+
+    methods = [None, *exts] if model.cfg.encoding == "rope" else [None]
+    acc = {
+        ext or "plain": passkey_accuracy(
+            model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed, extension=ext
+        )
+        for ext in methods
+    }
+    print("\npasskey retrieval accuracy (greedy, exact match):")
+    for k, d in acc.items():
+        print(f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items()))
+    return {k: {str(n): v for n, v in d.items()} for k, d in acc.items()}
 
 
 # ---------------------------------------------------------------------------------------------- sample
@@ -195,8 +189,8 @@ def cmd_eval(args) -> int:
 def cmd_sample(args) -> int:
     import torch
 
+    from posenc.lab.checkpoint import load_model
     from posenc.lab.data import decode, encode
-    from posenc.lab.train import load_model
 
     model, _ = load_model(args.ckpt, args.device)
     prompt = encode(args.prompt)
@@ -219,7 +213,8 @@ def cmd_sample(args) -> int:
 
 @_guard("compare")
 def cmd_compare(args) -> int:
-    from posenc.lab.compare import run_compare, settings_for
+    from posenc.lab.compare import run_compare
+    from posenc.lab.config import settings_for
 
     settings = settings_for(
         args.preset,
@@ -245,8 +240,14 @@ def cmd_compare(args) -> int:
 
 def add_commands(subparsers) -> None:
     """Add train, eval, sample and compare to the ``posenc`` command."""
-    from posenc.lab.compare import PRESETS
-    from posenc.lab.model import ENCODINGS
+    _add_train(subparsers)
+    _add_eval(subparsers)
+    _add_sample(subparsers)
+    _add_compare(subparsers)
+
+
+def _add_train(subparsers) -> None:
+    from posenc.lab.encodings import ENCODINGS
 
     p = subparsers.add_parser("train", help="train a small GPT with one positional encoding")
     p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS))
@@ -275,6 +276,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train)
 
+
+def _add_eval(subparsers) -> None:
     p = subparsers.add_parser(
         "eval", help="perplexity at several lengths, RoPE extensions, passkey retrieval"
     )
@@ -293,6 +296,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=cmd_eval)
 
+
+def _add_sample(subparsers) -> None:
     p = subparsers.add_parser("sample", help="generate text from a checkpoint (KV-cached)")
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     p.add_argument("--prompt", default="def ")
@@ -303,6 +308,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=_positive_int)
     p.set_defaults(func=cmd_sample)
+
+
+def _add_compare(subparsers) -> None:
+    from posenc.lab.config import PRESETS
 
     p = subparsers.add_parser("compare", help="train every encoding short, evaluate long: table + plot")
     p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")

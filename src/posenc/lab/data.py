@@ -99,11 +99,6 @@ class Corpus:
     train: np.ndarray
     val: np.ndarray
 
-    def split(self, name: str) -> np.ndarray:
-        if name not in ("train", "val"):
-            raise CorpusError(f"split={name!r} is not a split; allowed: 'train', 'val'")
-        return self.train if name == "train" else self.val
-
 
 def _corpus_key(root: Path, files: list[Path], val_percent: float, pattern: str | None) -> str:
     h = hashlib.sha256()
@@ -127,19 +122,39 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
         raise
 
 
+def _join(files: list[Path]) -> np.ndarray:
+    return np.frombuffer(b"".join(f.read_bytes() + _FILE_SEPARATOR for f in files), dtype=np.uint8)
+
+
 def _tokenize(root: Path, files: list[Path], val_percent: float) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation tokens: split by file (see the module docstring), or a single file's tail."""
     if root.is_file():
         data = np.frombuffer(root.read_bytes(), dtype=np.uint8)
         n_val = int(round(len(data) * val_percent / 100))
         return data[: len(data) - n_val].copy(), data[len(data) - n_val :].copy()
-    parts: dict[str, list[bytes]] = {"train": [], "val": []}
-    for f in files:
-        rel = f.relative_to(root).as_posix()
-        side = "val" if is_validation_file(rel, val_percent) else "train"
-        parts[side].append(f.read_bytes() + _FILE_SEPARATOR)
-    train = np.frombuffer(b"".join(parts["train"]), dtype=np.uint8)
-    val = np.frombuffer(b"".join(parts["val"]), dtype=np.uint8)
-    return train, val
+    rels = {f: f.relative_to(root).as_posix() for f in files}
+    val = {f for f in files if is_validation_file(rels[f], val_percent)}
+    if not val and len(files) > 1:
+        # Too few files for the hash to pick any: the file whose hash is lowest goes to validation,
+        # which keeps the split by file and deterministic.
+        val = {min(files, key=lambda f: hashlib.sha256(rels[f].encode()).digest())}
+    return _join([f for f in files if f not in val]), _join([f for f in files if f in val])
+
+
+def _cached_tokens(
+    root: Path, files: list[Path], val_percent: float, pattern: str | None, cache_dir
+) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation tokens as memory maps, tokenizing into the cache first when needed."""
+    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = cache_root / _corpus_key(root, files, val_percent, pattern)
+    train_path, val_path = entry / "train.npy", entry / "val.npy"
+    if not (train_path.exists() and val_path.exists()):
+        train, val = _tokenize(root, files, val_percent)
+        entry.mkdir(parents=True, exist_ok=True)
+        _save_npy_atomic(train_path, train)
+        _save_npy_atomic(val_path, val)
+        (entry / "source.json").write_text(json.dumps({"corpus": str(root), "files": len(files)}))
+    return np.load(train_path, mmap_mode="r"), np.load(val_path, mmap_mode="r")
 
 
 def load_corpus(
@@ -175,23 +190,7 @@ def load_corpus(
     if not files:
         what = f"files matching {pattern!r}" if pattern else "text files"
         raise CorpusError(f"corpus {str(root)!r} holds no {what} (test folders and binary files are skipped)")
-
-    cache_root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = cache_root / _corpus_key(root, files, val_percent, pattern)
-    train_path, val_path = entry / "train.npy", entry / "val.npy"
-    if not (train_path.exists() and val_path.exists()):
-        train, val = _tokenize(root, files, val_percent)
-        if len(val) == 0 and len(files) > 1:
-            # Too few files for the hash to pick any: the file whose hash is lowest goes to validation,
-            # which keeps the split by file and deterministic.
-            train, val = _tokenize_forced(root, files)
-        entry.mkdir(parents=True, exist_ok=True)
-        _save_npy_atomic(train_path, train)
-        _save_npy_atomic(val_path, val)
-        (entry / "source.json").write_text(json.dumps({"corpus": str(root), "files": len(files)}))
-    train = np.load(train_path, mmap_mode="r")
-    val = np.load(val_path, mmap_mode="r")
-    corpus = Corpus(path=str(root), train=train, val=val)
+    train, val = _cached_tokens(root, files, val_percent, pattern, cache_dir)
     for name, have, need in (
         ("train", len(train), min_train_tokens),
         ("validation", len(val), min_val_tokens),
@@ -202,40 +201,25 @@ def load_corpus(
                 f"{need} are needed for the requested lengths and batch; give a larger corpus or "
                 f"shorter --train-len / --eval-lens"
             )
-    return corpus
-
-
-def _tokenize_forced(root: Path, files: list[Path]) -> tuple[np.ndarray, np.ndarray]:
-    rels = [f.relative_to(root).as_posix() for f in files]
-    val_rel = min(rels, key=lambda r: hashlib.sha256(r.encode()).digest())
-    train = b"".join(
-        f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels, strict=True) if r != val_rel
-    )
-    val = b"".join(f.read_bytes() + _FILE_SEPARATOR for f, r in zip(files, rels, strict=True) if r == val_rel)
-    return np.frombuffer(train, dtype=np.uint8), np.frombuffer(val, dtype=np.uint8)
+    return Corpus(path=str(root), train=train, val=val)
 
 
 def batch_at(
-    tokens: np.ndarray,
-    step: int,
-    *,
-    batch_size: int,
-    seq_len: int,
-    seed: int,
-    rank: int = 0,
+    tokens: np.ndarray, step: int, *, batch_size: int, seq_len: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted by one.
+    """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted.
 
-    Window starts are drawn from a generator seeded by ``(seed, step, rank)`` alone, so a run resumed
-    at step s sees exactly the batches an uninterrupted run would, with no sampler state to save,
-    and each DDP rank sees different windows.
+    Window starts are drawn from a generator seeded by ``(seed, step)`` alone, so a run resumed at
+    step s sees exactly the batches an uninterrupted run would, with no sampler state to save, and
+    every DDP rank draws the same global batch (each then trains on its own rows of it).
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
         raise CorpusError(
             f"seq_len={seq_len} needs more than {seq_len + 1} tokens; the split has {len(tokens)}"
         )
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 + rank)
+    # The factor 4099 once left room for a rank term; it stays so that every run's batches stay the same.
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099)
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
@@ -243,7 +227,7 @@ def batch_at(
 
 
 def windows(tokens: np.ndarray, length: int, max_tokens: int) -> torch.Tensor:
-    """Non-overlapping evaluation windows: ``(n, length + 1)`` int64 covering the first ~``max_tokens`` tokens.
+    """Non-overlapping evaluation windows: ``(n, length + 1)`` int64 over the first ~``max_tokens`` tokens.
 
     Every length covers the same stretch of text (the first ``max_tokens`` predicted tokens), so
     perplexities at different lengths are measured on the same tokens.

@@ -23,36 +23,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posenc import PositionError
+import posenc
+from posenc.lab.config import check_lengths
 from posenc.lab.data import decode, encode, windows
+from posenc.lab.encodings import EXTENSIONS
 from posenc.lab.errors import LabError
-from posenc.lab.model import GPT
+from posenc.lab.model import GPT, rope_extension
 
-
-def _scaling(method: str, factor: float, train_len: int) -> dict:
-    if method == "pi":
-        return {"rope_type": "linear", "factor": factor}
-    if method == "ntk":
-        return {"rope_type": "ntk", "factor": factor}
-    if method == "dynamic":
-        return {"rope_type": "dynamic", "factor": factor}
-    if method == "yarn":
-        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": train_len}
-    raise LabError(f"extension={method!r} is not known; allowed: {', '.join(EXTENSIONS)}")
-
-
-EXTENSIONS = ("pi", "ntk", "dynamic", "yarn")
-
-
-def check_lengths(name: str, lengths) -> list[int]:
-    """Validate a list of evaluation lengths: positive integers, no duplicates; returned sorted."""
-    try:
-        values = [int(v) for v in lengths]
-    except (TypeError, ValueError):
-        raise LabError(f"{name}={lengths!r} must be a list of positive integers") from None
-    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
-        raise LabError(f"{name}={lengths!r} must be a non-empty list of distinct positive integers")
-    return sorted(values)
+__all__ = [
+    "EXTENSIONS",
+    "Row",
+    "evaluate",
+    "passkey_accuracy",
+    "passkey_prompt",
+    "perplexities",
+    "position_losses",
+]
 
 
 @torch.no_grad()
@@ -82,6 +68,15 @@ class Row:
     ppl_past: dict[int, float | None] = field(default_factory=dict)
     note: str | None = None
 
+    def to_dict(self) -> dict:
+        """The row as JSON: ``{"scheme", "ppl", "ppl_past", "note"}`` with lengths as string keys."""
+        return {
+            "scheme": self.scheme,
+            "ppl": {str(k): v for k, v in self.ppl.items()},
+            "ppl_past": {str(k): v for k, v in self.ppl_past.items()},
+            "note": self.note,
+        }
+
 
 def perplexities(
     model: GPT,
@@ -91,7 +86,6 @@ def perplexities(
     train_len: int,
     max_tokens: int = 32768,
     extension: str | None = None,
-    scheme: str | None = None,
     progress=None,
 ) -> Row:
     """Perplexity of ``model`` at each length in ``eval_lens`` on non-overlapping validation windows.
@@ -103,31 +97,47 @@ def perplexities(
         progress: optional callable(str) told about each length as it starts.
     """
     eval_lens = check_lengths("eval_lens", eval_lens)
-    row = Row(scheme=scheme or (model.cfg.encoding + (f"+{extension}" if extension else "")))
-    if extension is not None and model.cfg.encoding != "rope":
-        raise LabError(f"extension={extension!r} needs a rope model; this one is {model.cfg.encoding!r}")
-    try:
-        for length in eval_lens:
+    row = Row(scheme=model.cfg.encoding + (f"+{extension}" if extension else ""))
+    for length in eval_lens:
+        with rope_extension(model, extension, length / train_len, train_len):
             if progress is not None:
                 progress(f"{row.scheme} @ {length}")
-            if extension is not None:
-                factor = length / train_len
-                model.set_rope_scaling(_scaling(extension, factor, train_len) if factor > 1 else None)
             try:
                 losses = position_losses(model, windows(val, length, max_tokens))
-            except PositionError as e:
+            except posenc.PositionError as e:
                 row.ppl[length] = row.ppl_past[length] = None
                 if row.note is None:  # the first failing length names the first missing position
                     row.note = f"n/a past {train_len} tokens: {e}"
                 continue
-            row.ppl[length] = math.exp(losses.mean().item())
-            row.ppl_past[length] = (
-                math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
-            )
-    finally:
-        if extension is not None:
-            model.set_rope_scaling(None)
+        row.ppl[length] = math.exp(losses.mean().item())
+        row.ppl_past[length] = math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
     return row
+
+
+def evaluate(
+    model: GPT,
+    val: np.ndarray,
+    eval_lens: list[int],
+    *,
+    train_len: int,
+    max_tokens: int = 32768,
+    extensions: tuple[str, ...] = tuple(EXTENSIONS),
+    progress=None,
+) -> list[Row]:
+    """The model's own row, plus one row per RoPE extension when the model uses RoPE."""
+    methods = [None, *extensions] if model.cfg.encoding == "rope" else [None]
+    return [
+        perplexities(
+            model,
+            val,
+            eval_lens,
+            train_len=train_len,
+            max_tokens=max_tokens,
+            extension=ext,
+            progress=progress,
+        )
+        for ext in methods
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- passkey
@@ -136,7 +146,7 @@ _FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. T
 
 
 def passkey_prompt(length: int, key: str, depth: float) -> tuple[list[int], str]:
-    """A prompt of exactly ``length`` bytes hiding ``key`` at relative ``depth`` (0 = start, 1 = end) of filler.
+    """A prompt of exactly ``length`` bytes hiding ``key`` at relative ``depth`` (0 start, 1 end) of filler.
 
     Format after Mohtashami & Jaggi 2023 (landmark attention, arxiv.org/abs/2305.16300): filler
     sentences, "The pass key is K. Remember it. K is the pass key." somewhere inside, and the question
@@ -164,19 +174,19 @@ def passkey_accuracy(
     digits: int = 5,
     seed: int = 0,
     extension: str | None = None,
-    train_len: int | None = None,
 ) -> dict[int, float | None]:
-    """Share of prompts at each length whose greedy continuation is exactly the hidden key (None: n/a)."""
+    """Share of prompts at each length whose greedy continuation is exactly the hidden key (None: n/a).
+
+    The prompt and the ``digits`` generated bytes together fill the length; with ``extension`` the
+    factor is length / the model's training length.
+    """
     lengths = check_lengths("passkey lengths", lengths)
     rng = random.Random(seed)
     device = next(model.parameters()).device
-    train_len = train_len or model.cfg.max_len
+    train_len = model.cfg.max_len
     result: dict[int, float | None] = {}
-    try:
-        for length in lengths:
-            if extension is not None:
-                f = length / train_len
-                model.set_rope_scaling(_scaling(extension, f, train_len) if f > 1 else None)
+    for length in lengths:
+        with rope_extension(model, extension, length / train_len, train_len):
             hits = 0
             try:
                 for _ in range(trials):
@@ -185,39 +195,6 @@ def passkey_accuracy(
                     out = model.generate(torch.tensor([ids], device=device), digits, temperature=0)
                     hits += decode(out[0, len(ids) :].tolist()) == key
                 result[length] = hits / trials
-            except PositionError:
+            except posenc.PositionError:
                 result[length] = None
-    finally:
-        if extension is not None:
-            model.set_rope_scaling(None)
     return result
-
-
-def evaluate(
-    model: GPT,
-    val: np.ndarray,
-    eval_lens: list[int],
-    *,
-    train_len: int,
-    max_tokens: int = 32768,
-    extensions: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn"),
-    progress=None,
-) -> list[Row]:
-    """The model's own row, plus one row per RoPE extension when the model uses RoPE."""
-    rows = [
-        perplexities(model, val, eval_lens, train_len=train_len, max_tokens=max_tokens, progress=progress)
-    ]
-    if model.cfg.encoding == "rope":
-        for ext in extensions:
-            rows.append(
-                perplexities(
-                    model,
-                    val,
-                    eval_lens,
-                    train_len=train_len,
-                    max_tokens=max_tokens,
-                    extension=ext,
-                    progress=progress,
-                )
-            )
-    return rows

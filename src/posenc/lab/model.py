@@ -2,12 +2,9 @@
 
 Pre-norm blocks (RMSNorm, Zhang & Sennrich 2019), SwiGLU feed-forward (Shazeer 2020), tied input and
 output embeddings (Press & Wolf 2017): the Llama recipe at toy size, in the spirit of nanoGPT's
-``model.py``. The encoding comes from the core (``posenc``) through a registry, so adding a scheme
-is one decorated function:
-
-    @register_encoding("mine")
-    def _mine(cfg: GPTConfig) -> Encoding:
-        return Encoding(input=..., rotary=..., alibi=...)
+``model.py``. The encoding comes from the core (:mod:`posenc`) by name through
+:data:`posenc.lab.encodings.ENCODINGS`; every layer attends through the one entry point
+:func:`posenc.attention`, which applies RoPE or ALiBi itself.
 
 Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T, hd)`` with
 ``D = H * hd``; logits ``(B, T, V)``.
@@ -16,125 +13,27 @@ Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import posenc
-from posenc.absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
-from posenc.bias import ALiBi
-from posenc.lab.data import VOCAB_SIZE
+from posenc.lab.config import GPTConfig, check_choice, check_number
+from posenc.lab.encodings import ENCODINGS, EXTENSIONS, extension_scaling
 from posenc.lab.errors import LabError
-from posenc.rope import RotaryEmbedding
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Everything needed to rebuild a model; saved as JSON next to its weights.
-
-    ``max_len`` is the training length; it sizes the learned position table and is the
-    ``original_max_position_embeddings`` of eval-time RoPE extensions.
-    """
-
-    encoding: str = "rope"
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    max_len: int = 64
-    vocab_size: int = VOCAB_SIZE
-    rope_base: float = 10000.0
-
-    def __post_init__(self):
-        if self.encoding not in ENCODINGS:
-            raise LabError(
-                f"encoding={self.encoding!r} is not known; allowed: {', '.join(sorted(ENCODINGS))}"
-            )
-        for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise LabError(f"{name}={value!r} must be a positive integer")
-        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
-            raise LabError(
-                f"d_model={self.d_model} must be a multiple of n_head={self.n_head} with an even head size "
-                f"(RoPE rotates pairs of dimensions)"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GPTConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise LabError(f"model config has unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**d)
-
-
-@dataclass
-class Encoding:
-    """The positional machinery of one scheme.
-
-    input: adds position to the embeddings, ``(B, T, D), offset -> (B, T, D)``.
-    rotary: rotates q and k in every layer (RoPE), or None.
-    alibi: the attention-score bias passed to :func:`posenc.attention`, or None.
-    """
-
-    input: nn.Module
-    rotary: RotaryEmbedding | None = None
-    alibi: ALiBi | None = None
-
-
-ENCODINGS: dict[str, Callable[[GPTConfig], Encoding]] = {}
-
-
-def register_encoding(name: str):
-    """Decorator adding ``fn(cfg) -> Encoding`` to the registry under ``name``."""
-
-    def wrap(fn):
-        ENCODINGS[name] = fn
-        return fn
-
-    return wrap
-
-
-@register_encoding("none")
-def _none(cfg: GPTConfig) -> Encoding:
-    # NoPE: a causal decoder can still infer position from the mask (Haviv et al. 2022).
-    return Encoding(input=NoPositionalEncoding())
-
-
-@register_encoding("sinusoidal")
-def _sinusoidal(cfg: GPTConfig) -> Encoding:
-    return Encoding(input=SinusoidalEncoding(cfg.d_model))
-
-
-@register_encoding("learned")
-def _learned(cfg: GPTConfig) -> Encoding:
-    return Encoding(input=LearnedEmbedding(cfg.max_len, cfg.d_model))
-
-
-@register_encoding("rope")
-def _rope(cfg: GPTConfig) -> Encoding:
-    return Encoding(input=NoPositionalEncoding(), rotary=RotaryEmbedding(cfg.head_dim, base=cfg.rope_base))
-
-
-@register_encoding("alibi")
-def _alibi(cfg: GPTConfig) -> Encoding:
-    return Encoding(input=NoPositionalEncoding(), alibi=ALiBi(cfg.n_head))
+__all__ = ["GPT", "GPTConfig", "KVCache", "next_byte_loss", "rope_extension"]
 
 
 class KVCache:
     """Keys and values of the tokens seen so far, per layer: lists of ``(B, H, T_past, hd)`` tensors.
 
-    Keys are cached *after* rotation, so RoPE never rotates a past key twice.
+    Keys are cached *unrotated*: :func:`posenc.attention` rotates the query and every cached key on each
+    call, so all keys always share one rotation schedule (which matters for length-dependent RoPE
+    extensions such as dynamic NTK, whose frequencies change as the context grows).
     """
 
     def __init__(self, n_layer: int):
@@ -143,6 +42,7 @@ class KVCache:
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add a layer's new keys and values; returns all of them, ``(B, H, T_past + T, hd)`` each."""
         if self.k[layer] is not None:
             k = torch.cat((self.k[layer], k), dim=-2)
             v = torch.cat((self.v[layer], v), dim=-2)
@@ -176,16 +76,30 @@ class Block(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.d_model)
         self.mlp = SwiGLU(cfg.d_model)
 
-    def forward(self, x, enc: Encoding, layer: int, cache: KVCache | None, offset: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: posenc.RotaryEmbedding | None,
+        alibi: posenc.ALiBi | None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        """``x`` (B, T, D) -> (B, T, D). When decoding, ``cache`` holds every layer's past; this is
+        ``layer``."""
         B, T, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        if enc.rotary is not None:
-            q, k = enc.rotary(q, k, offset=offset)
         if cache is not None:
             k, v = cache.append(layer, k, v)
-        y = posenc.attention(q, k, v, bias=enc.alibi, causal=True)  # (B, H, T, hd)
+        # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
+        # places them, so one call serves training (T == len) and cached decoding (T < len).
+        y = posenc.attention(q, k, v, rotary=rotary, bias=alibi, causal=True)  # (B, H, T, hd)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
+
+
+def next_byte_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) of logits ``(B, T, V)`` against target ids ``(B, T)``."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 class GPT(nn.Module):
@@ -193,17 +107,17 @@ class GPT(nn.Module):
 
     forward(idx (B, T) int64, cache=None) -> logits (B, T, V) float32. With a :class:`KVCache`, ``idx``
     holds only the new tokens; their positions continue from ``cache.length``.
+
+    The encoding's modules are children (``pos_input``, ``rotary``, ``alibi``) so ``.to(device)`` and
+    ``state_dict`` see them (a learned table, learnable slopes); ``rotary`` and ``alibi`` may be None.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.enc = ENCODINGS[cfg.encoding](cfg)
-        # Registered as children so .to(device) and state_dict see them (learned table, learnable slopes).
-        self.pos_input = self.enc.input
-        self.rotary = self.enc.rotary
-        self.alibi = self.enc.alibi
+        enc = ENCODINGS[cfg.encoding](cfg)
+        self.pos_input, self.rotary, self.alibi = enc.input, enc.rotary, enc.alibi
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
         self._init_weights()
@@ -225,33 +139,31 @@ class GPT(nn.Module):
         """Swap in an eval-time RoPE context extension (a Hugging Face ``rope_scaling`` dict, or None).
 
         ``max_position_embeddings`` (what dynamic NTK treats as the trained context) is the training
-        length. Rotary has no parameters, so this changes nothing that was trained.
+        length. Rotary has no parameters, so this changes nothing that was trained. Prefer
+        :func:`rope_extension`, which also puts the original back.
         """
-        if self.enc.rotary is None:
+        if self.rotary is None:
             raise LabError(f"rope scaling needs a rope model; this model's encoding is {self.cfg.encoding!r}")
-        device = self.tok.weight.device
-        rotary = RotaryEmbedding(
+        self.rotary = posenc.RotaryEmbedding(
             self.cfg.head_dim,
             base=self.cfg.rope_base,
             scaling=scaling,
             max_position_embeddings=self.cfg.max_len,
-        ).to(device)
-        self.enc.rotary = self.rotary = rotary
+        ).to(self.tok.weight.device)
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         offset = cache.length if cache is not None else 0
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
-        x = self.enc.input(x, offset=offset)
+        x = self.pos_input(x, offset=offset)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.enc, i, cache, offset)
+            x = block(x, self.rotary, self.alibi, cache, i)
         if cache is not None:
             cache.length += idx.shape[1]
         return self.norm(x) @ self.tok.weight.T
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats)."""
-        logits = self(idx)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        return next_byte_loss(self(idx), targets)
 
     @torch.no_grad()
     def generate(
@@ -264,31 +176,55 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         use_cache: bool = True,
     ) -> torch.Tensor:
-        """Continue ``prompt`` (B, T0) by ``max_new_tokens`` tokens; temperature 0 is greedy. Returns (B, T0 + n).
+        """Continue ``prompt`` (B, T0) by ``max_new_tokens`` tokens -> (B, T0 + n); temperature 0 is greedy.
 
         With ``use_cache`` the prompt is processed once and each new token costs one position; without
         it the whole sequence is re-run each step (the reference the cache is tested against).
         """
-        if temperature < 0:
-            raise LabError(f"temperature={temperature!r} must be >= 0 (0 means greedy)")
+        check_number("temperature", temperature, low=0, why="0 means greedy")
         out = prompt
         cache = KVCache(self.cfg.n_layer) if use_cache else None
         step_input = prompt
         for _ in range(max_new_tokens):
             logits = self(step_input, cache) if use_cache else self(out)
-            logits = logits[:, -1, :].float()
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, -math.inf)
-                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            nxt = _pick(logits[:, -1, :].float(), temperature, top_k, generator)
             out = torch.cat((out, nxt), dim=1)
             step_input = nxt
         return out
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+    """The next token (B, 1) from last-position logits (B, V): argmax at temperature 0, else a sample."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@contextmanager
+def rope_extension(model: GPT, method: str | None, factor: float, train_len: int) -> Iterator[GPT]:
+    """Inside the block ``model`` uses RoPE eval-time extension ``method`` at ``factor``; after, its own.
+
+    Args:
+        method: a key of :data:`posenc.lab.encodings.EXTENSIONS`, or None for no change (so a caller
+            evaluating with and without extensions needs no branch).
+        factor: evaluation length / training length. At ``factor <= 1`` every method reduces to plain
+            RoPE, so the model is left as it is.
+        train_len: the training length (YaRN's original context).
+    """
+    if method is None:
+        yield model
+        return
+    check_choice("extension", method, EXTENSIONS)
+    if model.rotary is None:
+        raise LabError(f"extension={method!r} needs a rope model; this one is {model.cfg.encoding!r}")
+    original = model.rotary
+    try:
+        if factor > 1:
+            model.set_rope_scaling(extension_scaling(method, factor, train_len))
+        yield model
+    finally:
+        model.rotary = original

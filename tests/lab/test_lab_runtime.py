@@ -1,30 +1,39 @@
-"""Data-parallel training under torchrun: two CPU processes (gloo) agree, and match one process."""
+"""posenc.lab.runtime: device names, the torchrun environment, and data-parallel training under torchrun:
+two CPU processes (gloo) agree, and match one process."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from posenc.lab.checkpoint import latest_checkpoint
+from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.data import load_corpus
-from posenc.lab.model import GPTConfig
-from posenc.lab.train import TrainConfig, train
+from posenc.lab.errors import LabError
+from posenc.lab.runtime import Processes, check_device
+from posenc.lab.train import train
 
 MODEL = dict(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
+
+
 OPT = dict(steps=5, batch_size=4, lr=1e-2, warmup=1, seed=3)
+
 
 SCRIPT = textwrap.dedent(
     """
     import hashlib, json, os, sys
     import torch, torch.distributed as dist
-    from posenc.lab.model import GPTConfig
-    from posenc.lab.train import TrainConfig, train
-    out, corpus, cache, model_kw, opt_kw = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), json.loads(sys.argv[5])
-    r = train(GPTConfig(**model_kw), TrainConfig(**opt_kw), out, corpus=corpus, cache_dir=cache, progress=False,
-              ckpt_every=2)
+    from posenc.lab.config import GPTConfig, TrainConfig
+    from posenc.lab.train import train
+    out, corpus, cache = sys.argv[1:4]
+    model_kw, opt_kw = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+    r = train(GPTConfig(**model_kw), TrainConfig(**opt_kw), out, corpus=corpus, cache_dir=cache,
+              progress=False, ckpt_every=2)
     h = hashlib.sha256()
     for k, v in sorted(r.model.state_dict().items()):
         h.update(k.encode()); h.update(v.detach().cpu().numpy().tobytes())
@@ -76,3 +85,32 @@ def test_two_process_ddp_ranks_agree_and_match_single_process(corpus_dir, tmp_pa
     ddp_weights = load_file(latest_checkpoint(out) / "model.safetensors")
     for k, v in single.model.state_dict().items():
         torch.testing.assert_close(ddp_weights[k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("tpu:0", "device='tpu:0' is not a device; allowed: cpu, cuda, cuda:N"),
+        ("meta", "device='meta' is not supported; allowed: cpu, cuda, cuda:N"),
+        ("cuda:99", "device='cuda:99'"),
+    ],
+)
+def test_bad_device_names_are_clear_errors(name, message):
+    with pytest.raises(LabError, match=re.escape(message)):
+        check_device(name)
+
+
+def test_cpu_is_always_a_device():
+    assert check_device("cpu") == torch.device("cpu")
+
+
+def test_processes_come_from_the_torchrun_environment(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    p = Processes.from_env()
+    assert (p.world, p.rank, p.local_rank, p.distributed) == (4, 2, 0, True)
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    assert Processes.from_env() == Processes() and not Processes().distributed
+    assert Processes().start("cpu") == torch.device("cpu")

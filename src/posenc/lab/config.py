@@ -1,0 +1,253 @@
+"""What defines a laboratory run: the model, the optimisation, a comparison, and the presets.
+
+Every field is checked when its object is made, by the validators at the top of this module, so a
+bad value is refused before any work starts, with a :class:`LabError` naming the field, the value
+and what is allowed (the CLI prints it as one line).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields, replace
+
+from posenc.lab.data import VOCAB_SIZE
+from posenc.lab.encodings import ENCODINGS, EXTENSIONS
+from posenc.lab.errors import LabError
+
+# ---------------------------------------------------------------------------------------------- validators
+
+
+def check_int(name: str, value, *, minimum: int = 1) -> int:
+    """``value`` when it is an integer >= ``minimum``; booleans are not integers here."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise LabError(f"{name}={value!r} must be {allowed}")
+    return value
+
+
+def check_number(
+    name: str,
+    value,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    finite: bool = False,
+    why: str = "",
+) -> float:
+    """``value`` when it is a real number (not NaN) in the range: ``low`` (excluded when ``low_open``) up
+    to ``high`` inclusive, either optional. ``finite`` also refuses infinities; ``why`` ends the message.
+    """
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
+    if ok and finite:
+        ok = math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        if high is not None:
+            allowed = f" in {'(' if low_open else '['}{low}, {high}]"
+        elif low is not None:
+            allowed = f" {'>' if low_open else '>='} {low}"
+        else:
+            allowed = ""
+        what = "a finite number" if finite else "a number"
+        raise LabError(f"{name}={value!r} must be {what}{allowed}" + (f" ({why})" if why else ""))
+    return value
+
+
+def check_choice(name: str, value, allowed: Iterable[str]) -> str:
+    """``value`` when it is one of ``allowed`` (listed in the message in their given order)."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise LabError(f"{name}={value!r} is not known; allowed: {', '.join(allowed)}")
+    return value
+
+
+def check_choices(name: str, values, allowed: Iterable[str], *, empty_ok: bool = False) -> tuple[str, ...]:
+    """A sequence of names, each one of ``allowed``; empty only when ``empty_ok``."""
+    allowed = list(allowed)
+    unknown = [v for v in values if v not in allowed]
+    if unknown or not (values or empty_ok):
+        raise LabError(f"{name}={list(values)!r}: unknown {unknown}; allowed: {', '.join(allowed)}")
+    return tuple(values)
+
+
+def check_lengths(name: str, lengths) -> list[int]:
+    """Validate a list of evaluation lengths: positive integers, no duplicates; returned sorted."""
+    try:
+        values = [int(v) for v in lengths]
+    except (TypeError, ValueError):
+        raise LabError(f"{name}={lengths!r} must be a list of positive integers") from None
+    if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+        raise LabError(f"{name}={lengths!r} must be a non-empty list of distinct positive integers")
+    return sorted(values)
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Everything needed to rebuild a model; saved as JSON next to its weights.
+
+    ``max_len`` is the training length; it sizes the learned position table and is the
+    ``original_max_position_embeddings`` of eval-time RoPE extensions.
+    """
+
+    encoding: str = "rope"
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    max_len: int = 64
+    vocab_size: int = VOCAB_SIZE
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        check_choice("encoding", self.encoding, sorted(ENCODINGS))
+        for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
+            check_int(name, getattr(self, name))
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            raise LabError(
+                f"d_model={self.d_model} must be a multiple of n_head={self.n_head} with an even head size "
+                f"(RoPE rotates pairs of dimensions)"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GPTConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise LabError(f"model config has unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation settings. ``batch_size`` is the global batch (split across DDP ranks)."""
+
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        check_int("steps", self.steps)
+        check_int("batch_size", self.batch_size)
+        check_int("warmup", self.warmup, minimum=0)
+        check_number("lr", self.lr, low=0, low_open=True, finite=True)
+        check_number("min_lr_ratio", self.min_lr_ratio, low=0, high=1)
+        check_number("grad_clip", self.grad_clip, low=0)
+        check_number("weight_decay", self.weight_decay, low=0)
+
+
+# ---------------------------------------------------------------------------------------------- comparison
+
+SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
+COMPARE_EXTENSIONS = ("pi", "ntk", "yarn")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that defines a comparison. Presets are instances; CLI flags override fields."""
+
+    train_len: int = 64
+    eval_mults: tuple[int, ...] = (1, 2, 4, 8, 16)
+    steps: int = 1200
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup: int = 50
+    n_layer: int = 4
+    n_head: int = 8
+    d_model: int = 128
+    eval_tokens: int = 32768
+    seed: int = 0
+    schemes: tuple[str, ...] = SCHEMES
+    extensions: tuple[str, ...] = COMPARE_EXTENSIONS
+    ckpt_every: int = 100
+
+    def __post_init__(self):
+        check_choices("schemes", self.schemes, sorted(ENCODINGS))
+        check_choices("extensions", self.extensions, EXTENSIONS, empty_ok=True)
+        check_lengths("eval_mults", self.eval_mults)
+        check_int("train_len", self.train_len)
+        check_int("eval_tokens", self.eval_tokens)
+
+    @property
+    def eval_lens(self) -> list[int]:
+        return [self.train_len * m for m in sorted(self.eval_mults)]
+
+    def model_config(self, scheme: str) -> GPTConfig:
+        return GPTConfig(
+            encoding=scheme,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            d_model=self.d_model,
+            max_len=self.train_len,
+        )
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup=self.warmup, seed=self.seed
+        )
+
+    def to_json(self) -> dict:
+        """The fields as JSON values (tuples become lists), as saved in details.json and eval caches."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+PRESETS: dict[str, Settings] = {
+    # Seconds, for tests: proves the pipeline, measures nothing.
+    "tiny": Settings(
+        train_len=16,
+        eval_mults=(1, 2, 4),
+        steps=4,
+        batch_size=4,
+        warmup=1,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        eval_tokens=256,
+        ckpt_every=2,
+    ),
+    # The default: every scheme on a laptop CPU (docs/lab.md has the measured wall time).
+    "quick": Settings(),
+    # A GPU (--device cuda): longer training length, bigger model, more steps and evaluation tokens.
+    "gpu": Settings(
+        train_len=256,
+        eval_mults=(1, 2, 4, 8, 16),
+        steps=4000,
+        batch_size=64,
+        lr=1e-3,
+        warmup=200,
+        n_layer=6,
+        n_head=8,
+        d_model=384,
+        eval_tokens=262144,
+        ckpt_every=500,
+    ),
+}
+
+
+def settings_for(preset: str, **overrides) -> Settings:
+    """A preset with some fields replaced (None values are ignored)."""
+    check_choice("preset", preset, PRESETS)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    return replace(PRESETS[preset], **overrides)

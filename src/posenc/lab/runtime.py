@@ -1,0 +1,69 @@
+"""Where the laboratory runs: the torch device, and this process's place in a ``torchrun`` launch.
+
+Data parallel: launched with ``torchrun`` (``WORLD_SIZE`` > 1), every process joins one process group,
+backend gloo on CPU and nccl on CUDA, and on CUDA each uses the GPU ``cuda:LOCAL_RANK``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from posenc.lab.errors import LabError
+
+
+def check_device(device: str) -> torch.device:
+    """A torch device from its name, or a clear error when it is malformed or not present."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LabError(f"device={device!r} is not a device; allowed: cpu, cuda, cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise LabError(f"device={device!r} is not supported; allowed: cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise LabError(
+            f"device={device!r} was requested but CUDA is not available on this machine; use --device cpu"
+        )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise LabError(f"device={device!r}: this machine has {torch.cuda.device_count()} cuda device(s)")
+    return dev
+
+
+@dataclass(frozen=True)
+class Processes:
+    """This process in a launch: ``world`` processes, of which it is ``rank`` (``local_rank`` on its host).
+
+    Without torchrun: one process, rank 0.
+    """
+
+    world: int = 1
+    rank: int = 0
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Processes:
+        """Read the variables torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK)."""
+        env = os.environ
+        return cls(
+            int(env.get("WORLD_SIZE", "1")), int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0"))
+        )
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def start(self, device: str) -> torch.device:
+        """The device this process works on; under torchrun, first joins the process group."""
+        dev = check_device(device)
+        if dev.type == "cuda" and self.distributed:
+            dev = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(dev)
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
+            # Several processes on a few cores: each gets its share of threads rather than oversubscribing.
+            if dev.type == "cpu":
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world))
+        return dev

@@ -1,0 +1,90 @@
+"""posenc.lab.report: markdown tables, results.json / details.json / results.md, the extrapolation figure."""
+
+import json
+
+from posenc.lab.config import PRESETS
+from posenc.lab.report import extrapolation_figure, markdown_table, past_table, ratio, write_reports
+
+PAYLOAD = {
+    "train_len": 8,
+    "eval_lens": [8, 16, 32],
+    "corpus": "/c",
+    "results": [
+        {"scheme": "rope", "ppl": {"8": 3.0, "16": 4.0, "32": 6.0}, "note": None},
+        {"scheme": "rope+yarn", "ppl": {"8": 3.0, "16": 3.5, "32": 4.0}, "note": None},
+        {"scheme": "learned", "ppl": {"8": 3.2, "16": None, "32": None}, "note": "n/a"},
+        {"scheme": "broken", "ppl": {"8": None, "16": None, "32": None}, "note": "n/a"},
+    ],
+}
+
+
+def test_ratio_and_table_formatting():
+    rows = [
+        {"scheme": "a", "ppl": {"8": 2.0, "32": 3.0}, "note": None},
+        {"scheme": "b", "ppl": {"8": 2.0, "32": None}, "note": "n/a | why"},
+    ]
+    assert ratio(rows[0], 32, 8) == 1.5 and ratio(rows[1], 32, 8) is None
+    table = markdown_table(rows, [8, 32], 8)
+    assert "| a | 2.00 | 3.00 | 1.500 |  |" in table
+    assert "| b | 2.00 | n/a | n/a | n/a / why |" in table
+
+
+def test_past_table_has_the_longer_lengths_only():
+    rows = [{"scheme": "a", "ppl_past": {"8": None, "16": 2.5, "32": None}}]
+    assert past_table(rows, [8, 16, 32], 8) == (
+        "| scheme | ppl past 8 @16 | ppl past 8 @32 |\n|---|---:|---:|\n| a | 2.50 | n/a |"
+    )
+    assert past_table(rows, [8], 8) == ""
+
+
+def test_extrapolation_figure_draws_one_line_per_measured_scheme_and_the_training_length():
+    fig = extrapolation_figure(PAYLOAD)
+    (ax,) = fig.axes
+    assert ax.get_title() == "Length extrapolation: trained short, evaluated long"
+    assert ax.get_xlabel() == "evaluation length (tokens)" and ax.get_ylabel() == "perplexity (bytes)"
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["rope", "rope+yarn", "learned", "train length 8"]  # "broken" has no point to draw
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == labels
+    lines = dict(zip(labels, ax.get_lines(), strict=True))
+    assert list(lines["rope"].get_xdata()) == [8, 16, 32] and list(lines["rope"].get_ydata()) == [
+        3.0,
+        4.0,
+        6.0,
+    ]
+    assert list(lines["learned"].get_xdata()) == [8]
+    assert lines["rope"].get_linestyle() == "-" and lines["rope+yarn"].get_linestyle() == "--"
+    assert list(lines["train length 8"].get_xdata()) == [8, 8]
+
+
+def test_write_reports_writes_the_four_files(tmp_path):
+    s = PRESETS["tiny"]
+    rows = [
+        {
+            "scheme": "alibi",
+            "ppl": {"16": 3.0, "32": 2.9, "64": 2.8},
+            "ppl_past": {"16": None, "32": 2.7, "64": 2.6},
+            "note": None,
+            "train_s": 1.0,
+            "eval_s": 0.5,
+        }
+    ]
+    table = write_reports(tmp_path, s, rows, corpus="/c", device="cpu", wall_s=12.34)
+    assert json.loads((tmp_path / "results.json").read_text()) == {
+        "train_len": 16,
+        "eval_lens": [16, 32, 64],
+        "corpus": "/c",
+        "results": [{"scheme": "alibi", "ppl": {"16": 3.0, "32": 2.9, "64": 2.8}, "note": None}],
+    }
+    details = json.loads((tmp_path / "details.json").read_text())
+    assert details == {"settings": s.to_json(), "device": "cpu", "wall_s": 12.3, "rows": rows}
+    assert "| alibi | 3.00 | 2.90 | 2.80 | 0.933 |  |" in table
+    md = (tmp_path / "results.md").read_text()
+    assert table in md and "Wall time 12 s on cpu." in md and "| alibi | 2.70 | 2.60 |" in md
+    assert (tmp_path / "extrapolation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "details.json",
+        "extrapolation.png",
+        "results.json",
+        "results.md",
+    ]
