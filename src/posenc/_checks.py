@@ -18,6 +18,20 @@ class PositionError(IndexError):
     """A position lies outside what an encoding can represent (a learned table past its end)."""
 
 
+def tracing() -> bool:
+    """True while torch.compile or torch.export traces: checks that read tensor values are skipped there."""
+    return torch.compiler.is_compiling()
+
+
+def can_read(t: torch.Tensor) -> bool:
+    """Whether checking t's values is free: a CPU tensor outside tracing. On an accelerator reading a value
+    waits for the device (a host-device sync per call), which no forward path may do."""
+    return t.device.type == "cpu" and not tracing()
+
+
+_INT = (int, torch.SymInt)
+
+
 def _plain(value):
     """A numpy scalar or one-element tensor as the Python number it holds; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
@@ -40,7 +54,7 @@ def number(name: str, value, *, minimum: float | None = None, strict: bool = Fal
 
 def positive_int(name: str, value, minimum: int = 1) -> int:
     value = _plain(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, _INT) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
@@ -98,8 +112,11 @@ def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
         raise ValueError(
             f"positions must be a torch.Tensor of shape (seq,) or (batch, seq), got {type(value).__name__}"
         )
-    if value.dtype == torch.bool or value.is_complex():
-        raise ValueError(f"positions must have an integer or floating dtype, got {value.dtype}")
+    if value.dtype in (torch.bool, torch.uint8) or value.is_complex():
+        raise ValueError(
+            f"positions must have an integer or floating dtype, got {value.dtype} "
+            "(bool and uint8 tensors index as masks in torch, not as positions; use int64)"
+        )
     if value.dim() not in (1, 2) or value.shape[-1] != seq_len:
         raise ValueError(
             f"positions must have shape ({seq_len},) or (batch, {seq_len}) to match seq length {seq_len}, "
@@ -107,6 +124,8 @@ def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
         )
     if value.dim() == 2 and batch is not None and value.shape[0] not in (1, batch):
         raise ValueError(f"positions has batch size {value.shape[0]}, but the input's batch size is {batch}")
+    if not can_read(value):
+        return value  # values unchecked on accelerators and while tracing: see can_read
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
         raise ValueError("positions must be finite, got NaN or inf")
     if value.numel() and bool((value < 0).any()):

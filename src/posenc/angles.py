@@ -28,10 +28,17 @@ def angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     Returns:
         (seq, r/2), or (batch, seq, r/2) when either argument is batched.
     """
-    with torch.autocast(positions.device.type, enabled=False):
-        pos = positions.to(torch.float64)[..., None]
-        inv = inv_freq.to(device=positions.device, dtype=torch.float64)
-        if inv.dim() == 2:  # (batch, 1, r/2) against (batch or 1, seq, 1)
-            pos = pos[None] if pos.dim() == 2 else pos
-            inv = inv[:, None, :]
-        return pos * inv
+    device = positions.device
+    if device.type == "meta":  # shapes only; autocast has no meta device
+        return _angles(positions, inv_freq)
+    with torch.autocast(device.type, enabled=False):
+        return _angles(positions, inv_freq)
+
+
+def _angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    pos = positions.to(torch.float64)[..., None]
+    inv = inv_freq.to(device=positions.device, dtype=torch.float64)
+    if inv.dim() == 2:  # (batch, 1, r/2) against (batch or 1, seq, 1)
+        pos = pos[None] if pos.dim() == 2 else pos
+        inv = inv[:, None, :]
+    return pos * inv

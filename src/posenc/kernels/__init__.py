@@ -21,6 +21,7 @@ import os
 
 import torch
 
+from .. import _checks
 from .memory import empty_output
 from .rotary_function import RotaryFunction
 from .rotary_torch import rotate_eager, rotate_into
@@ -116,24 +117,37 @@ def _check_inplace(xs) -> None:
             )
 
 
+def _rotation(cos, sin, layout: str):
+    """``rotate(xs, conjugate=False)`` for :class:`RotaryFunction`: the fused path, and the differentiable
+    one when a backward pass itself records a graph (double backward, ``create_graph=True``)."""
+
+    def rotation(xs, conjugate: bool = False):
+        if conjugate and torch.is_grad_enabled():
+            return tuple(rotate_eager(x, cos, -sin, layout) for x in xs)
+        return rotate(xs, cos, sin, layout, conjugate=conjugate)
+
+    return rotation
+
+
+def _apply(xs, names, cos, sin, layout: str, inplace: bool):
+    if _checks.tracing():
+        # Under torch.compile / torch.export: plain differentiable ops, which the compiler fuses into one
+        # kernel per tensor (and which need no autograd.Function or out= buffers the tracer cannot follow).
+        outs = tuple(rotate_eager(x, cos, sin, layout) for x in xs)
+        return tuple(x.copy_(o) for x, o in zip(xs, outs, strict=True)) if inplace else outs
+    if inplace:
+        _check_inplace(list(zip(names, xs, strict=True)))
+        return rotate(xs, cos, sin, layout, inplace=True)
+    return RotaryFunction.apply(_rotation(cos, sin, layout), *xs)
+
+
 def apply_rotary(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    layout: str = "interleaved",
-    inplace: bool = False,
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "interleaved", inplace: bool = False
 ) -> torch.Tensor:
     """Rotate x (..., seq, head_dim) by the angles whose cos/sin are given (see the module contract)."""
-    if inplace:
-        _check_inplace([("x", x)])
-        return rotate((x,), cos, sin, layout, inplace=True)[0]
-    return RotaryFunction.apply(functools.partial(rotate, cos=cos, sin=sin, layout=layout), x)[0]
+    return _apply((x,), ("x",), cos, sin, layout, inplace)[0]
 
 
 def apply_rotary_qk(q, k, cos, sin, *, layout: str = "interleaved", inplace: bool = False):
     """Rotate q and k (same positions, possibly different head counts) in one call; returns (q, k)."""
-    if inplace:
-        _check_inplace([("q", q), ("k", k)])
-        return rotate((q, k), cos, sin, layout, inplace=True)
-    return RotaryFunction.apply(functools.partial(rotate, cos=cos, sin=sin, layout=layout), q, k)
+    return _apply((q, k), ("q", "k"), cos, sin, layout, inplace)

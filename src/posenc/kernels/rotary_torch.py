@@ -50,7 +50,10 @@ def rotate_eager(
         out = torch.stack((first, second), dim=-1).flatten(-2)
     else:
         out = torch.cat((first, second), dim=-1)
-    return torch.cat((out.to(x.dtype), x[..., r:]), dim=-1)
+    out = out.to(x.dtype)
+    if r == x.shape[-1]:  # no empty tail to concatenate (its strides would pin symbolic shapes under compile)
+        return out
+    return torch.cat((out, x[..., r:]), dim=-1)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:

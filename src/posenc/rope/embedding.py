@@ -111,7 +111,9 @@ class RotaryEmbedding(nn.Module):
     def _lookup(self, seq_len, positions, offset, device, dtype, context_len, factor):
         """:meth:`cos_sin` for positions already checked."""
         _checks.non_negative_int("offset", offset)
-        if positions is None:
+        if positions is None and _checks.tracing():  # a symbolic length stays symbolic in arange
+            positions = torch.arange(offset, offset + seq_len, device=device)
+        elif positions is None:
             positions = range(offset, offset + seq_len)
         else:
             positions = positions if device is None else positions.to(device)

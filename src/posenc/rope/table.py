@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _checks
 from ..angles import angles
 from .frequencies import Schedule
 
@@ -34,6 +35,9 @@ class CosSinTable:
         inv, attn = schedule.at()
         self.inv_freq64: torch.Tensor = inv  # (rotary_dim/2,) float64, at the original context
         self.attention_factor: float = float(attn)
+        # The same numbers as Python floats: a traced call builds its constant from them, so its size is
+        # static (a tensor attribute would get a symbolic size under dynamic=True, shared with any equal dim).
+        self._inv_freq_values = tuple(inv.tolist())
         self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ schedules
@@ -101,9 +105,16 @@ class CosSinTable:
         if scaled:
             inv, attn = self.frequencies(context_len, factor)
             return cos_sin_of(_as_tensor(positions, device), inv, attn, dtype)
-        end = _end(positions)
-        fractional = not isinstance(positions, range) and positions.is_floating_point()
-        if fractional or dtype == torch.float64 or end > CACHE_LIMIT:
+        if isinstance(positions, range):
+            end = positions.stop
+        elif _checks.can_read(positions) and not positions.is_floating_point():
+            end = int(positions.max()) + 1 if positions.numel() else 0
+        else:  # fractional, or reading the largest position would sync with the device
+            end = CACHE_LIMIT + 1
+        if _checks.tracing():  # fresh angles are pure ops the compiler can fuse; a memo would be a side effect
+            inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
+            return cos_sin_of(_as_tensor(positions, device), inv, self.attention_factor, dtype)
+        if dtype == torch.float64 or end > CACHE_LIMIT:
             return cos_sin_of(_as_tensor(positions, device), self.inv_freq64, self.attention_factor, dtype)
         cos, sin = self._rows(end, device)
         if isinstance(positions, range):
@@ -158,13 +169,6 @@ def _as_tensor(positions, device) -> torch.Tensor:
     if isinstance(positions, range):
         return torch.arange(positions.start, positions.stop, device=device)
     return positions
-
-
-def _end(positions) -> int:
-    """1 + the largest position (0 for none)."""
-    if isinstance(positions, range):
-        return positions.stop
-    return int(positions.max()) + 1 if positions.numel() else 0
 
 
 def _default_context(positions):
