@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import posenc
 from posenc import PositionError
 from posenc.lab.config import GPTConfig
 from posenc.lab.errors import LabError
@@ -107,14 +108,12 @@ def test_rope_scaling_changes_only_rope_and_is_undone():
 
 def test_linear_scaling_equals_rotating_at_divided_positions():
     # Independent check of PI (Chen et al. 2023): factor f rotates position p as p / f.
-    from posenc.rope import RotaryEmbedding
-
     m = tiny("rope", max_len=8)
     m.set_rope_scaling({"rope_type": "linear", "factor": 2.0})
     q = torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(0))
     k = torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(1))
     got_q, _ = m.rotary(q, k)
-    plain = RotaryEmbedding(8)
+    plain = posenc.RotaryEmbedding(8)
     want_q = plain.rotate(q, positions=torch.arange(6, dtype=torch.float64) / 2)
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
 

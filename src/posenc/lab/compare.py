@@ -76,11 +76,10 @@ def _run_task(
     label = scheme + (f"+{extension}" if extension else "")
     eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
     key = {"settings": s.to_json(), "corpus": corpus}
-    if eval_path.exists():
-        saved = json.loads(eval_path.read_text())
-        if saved.get("key") == key:
-            events.put(("done", label, "cached"))
-            return saved["row"]
+    saved = _saved_row(eval_path, key)
+    if saved is not None:
+        events.put(("done", label, "cached"))
+        return saved
     data = load_corpus(corpus, cache_dir=cache_dir)
     t0 = time.perf_counter()
     if extension is None and not is_complete(run_dir, s.steps):
@@ -112,6 +111,15 @@ def _run_task(
     write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
     events.put(("done", label, None))
     return row
+
+
+def _saved_row(eval_path: Path, key: dict) -> dict | None:
+    """The row an earlier run saved at ``eval_path`` for the same settings and corpus (``key``), or None."""
+    if eval_path.exists():
+        saved = json.loads(eval_path.read_text())
+        if saved.get("key") == key:
+            return saved["row"]
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
