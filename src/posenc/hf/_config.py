@@ -1,0 +1,113 @@
+"""Reading a transformers config's RoPE: :func:`rope_settings` and :func:`rotary_from_config`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..rope import RotaryEmbedding
+from ..rope.frequencies import METHODS
+
+__all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
+
+# Families whose transformers code pairs dimensions (2i, 2i+1); every other RoPE family in transformers
+# (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs (i, i + r/2).
+INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "cohere", "cohere2"})
+
+
+def _get(config, *names, default=None):
+    for name in names:
+        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _head_dim(config) -> int:
+    head_dim = _get(config, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    hidden = _get(config, "hidden_size", "n_embd", "d_model")
+    heads = _get(config, "num_attention_heads", "n_head")
+    if hidden is None or heads is None:
+        raise ValueError("config has neither head_dim nor hidden_size and num_attention_heads")
+    return hidden // heads
+
+
+def rope_settings(config) -> dict:
+    """The keyword arguments of :class:`posenc.RotaryEmbedding` a transformers config describes.
+
+    Follows ``RotaryEmbeddingConfigMixin.standardize_rope_params``: ``rope_parameters`` or the older
+    ``rope_scaling`` + ``rope_theta``; partial rotary from the dict, ``partial_rotary_factor``, GPT-NeoX's
+    ``rotary_pct`` or GPT-J's ``rotary_dim``; a top-level ``original_max_position_embeddings`` (Phi-3)
+    takes precedence, else it defaults to max_position_embeddings for llama3 / yarn / longrope.
+    """
+    if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
+        config = config.config
+    if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
+        raise ValueError(
+            "config must be a transformers config, a config.json dict or a model, got "
+            f"{type(config).__name__}"
+        )
+    model_type = _get(config, "model_type", default="")
+    head_dim = _head_dim(config)
+    max_pos = _get(config, "max_position_embeddings", "n_positions")
+
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"config's rope_parameters / rope_scaling must be a dict, got {params!r}")
+    if params and all(isinstance(v, Mapping) or v is None for v in params.values()):
+        raise ValueError(
+            f"per-layer-type rope_parameters (keys {sorted(params)}) are not supported: build one "
+            "RotaryEmbedding per layer type with posenc.RotaryEmbedding(..., "
+            "scaling=config.rope_parameters[type])"
+        )
+    params = dict(params)
+    theta = params.pop("rope_theta", None) or _get(config, "rope_theta", "rotary_emb_base", default=10000.0)
+    prf = params.pop("partial_rotary_factor", None) or _get(
+        config, "partial_rotary_factor", "rotary_pct", default=1.0
+    )
+    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    params.pop("type", None)
+    if model_type == "phi3" and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # Phi3Config renames these, as transformers does
+    if rope_type in ("llama3", "yarn", "longrope"):
+        top = _get(config, "original_max_position_embeddings")
+        if top is not None:
+            params["original_max_position_embeddings"] = top
+        elif params.get("original_max_position_embeddings") is None:
+            params["original_max_position_embeddings"] = max_pos
+
+    rotary_dim = _get(config, "rotary_dim") if model_type == "gptj" else None
+    if rotary_dim is None and rope_type != "proportional":
+        rotary_dim = int(head_dim * prf)
+    scaling = None
+    if rope_type != "default":
+        if rope_type not in METHODS:
+            raise ValueError(
+                f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
+            )
+        scaling = {"rope_type": rope_type, **params}
+        if rope_type == "proportional":
+            scaling["partial_rotary_factor"] = prf
+    return {
+        "head_dim": head_dim,
+        "base": float(theta),
+        "rotary_dim": rotary_dim,
+        "layout": "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half",
+        "scaling": scaling,
+        "max_position_embeddings": max_pos,
+    }
+
+
+def rotary_from_config(config) -> RotaryEmbedding:
+    """A :class:`posenc.RotaryEmbedding` for a transformers config object, a config.json dict, or a model.
+
+    Example::
+
+        from transformers import AutoConfig
+        rot = posenc.hf.rotary_from_config(AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B"))
+        q, k = rot(q, k)        # (batch, heads, seq, head_dim), Hugging Face's "half" pairing
+    """
+    return RotaryEmbedding(**rope_settings(config))

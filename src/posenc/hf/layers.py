@@ -1,0 +1,234 @@
+"""Applying a per-layer :func:`~posenc.hf.plan.position_plan` to a transformers model.
+
+transformers computes one set of cos/sin per forward (per layer type for Gemma) in its rotary module and
+hands it to every attention layer. Patched, the rotary module only records the call's position ids; a
+pre-hook on each attention layer replaces the cos/sin it receives with posenc's for that layer's plan
+(identity, cos 1 and sin 0, on NoPE layers, which leaves q and k bit-for-bit unchanged), the layer's
+softmax scale is set from the plan, and a query temperature scales q_proj's output per position. The
+attention pattern (full, sliding, chunked) stays with the model's masks: posenc checks that the plan
+agrees with them and refuses a plan it cannot apply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import torch
+
+from ..rope import RotaryEmbedding
+from .plan import LayerPlan, Rope
+
+__all__ = ["ADAPTERS", "patch_layers", "unpatch_layers"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adapter:
+    """How one family's attention code takes positions.
+
+    form: the cos/sin its attention expects: "half" (cat(f, f)), "pairs" (each frequency twice in a row,
+        Cohere) or "complex" (Llama 4's freqs_cis). rope_flag: the attention attribute that switches its
+        rotation on (set True on every layer: NoPE layers get the identity), or None when the model's
+        rotating layers are fixed ("sliding_window" for Cohere2: it rotates sliding layers only).
+    """
+
+    form: str = "half"
+    rope_flag: str | None = None
+    fixed_rope: str | None = None
+
+
+ADAPTERS = {
+    "llama4_text": _Adapter("complex", rope_flag="use_rope"),
+    "smollm3": _Adapter("half", rope_flag="use_rope"),
+    "cohere2": _Adapter("pairs", fixed_rope="sliding_window"),
+    "gemma3_text": _Adapter("half"),
+    "qwen2_vl_text": _Adapter("half"),
+    "qwen2_5_vl_text": _Adapter("half"),
+    "qwen3_vl_text": _Adapter("half"),
+    "deepseek_v3": _Adapter("half"),
+}
+"""text model_type -> how its attention layers take cos/sin (tests/test_hf_plans.py covers each)."""
+
+
+class _State:
+    """Per patched model: the position ids of the current call and the cos/sin formed for them."""
+
+    def __init__(self, plan, adapter: _Adapter):
+        self.plan, self.adapter = plan, adapter
+        self.position_ids: torch.Tensor | None = None
+        self.modules: dict[Rope, object] = {}
+        self.memo: dict = {}
+
+    def record(self, position_ids: torch.Tensor) -> None:
+        if self.position_ids is not position_ids:
+            self.position_ids, self.memo = position_ids, {}
+
+    def text_positions(self) -> torch.Tensor:
+        pos = self.position_ids
+        return pos[0] if pos.dim() == 3 else pos  # M-RoPE's (3, batch, seq): text positions are axis 0
+
+    def cos_sin(self, rope: Rope | None, width: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (rope, width, dtype)
+        if key not in self.memo:
+            self.memo[key] = self._form(*self._tables(rope, width), dtype)
+        return self.memo[key]
+
+    def _tables(self, rope: Rope | None, width: int):
+        pos = self.position_ids
+        if rope is None:  # the identity rotation, exactly
+            text = self.text_positions()
+            ones = torch.ones(*text.shape, width, device=pos.device)
+            return ones, torch.zeros_like(ones)
+        module = self.modules.get(rope)
+        if module is None:
+            module = self.modules[rope] = rope.module()
+        if rope.mrope_section is not None:
+            positions = pos if pos.dim() == 3 else pos.expand(3, *pos.shape)
+            return module.cos_sin(positions)
+        text = self.text_positions()
+        # transformers scales length-dependent methods for 1 + the largest position of the whole call
+        context = int(text.max()) + 1 if text.numel() else 1
+        return module.cos_sin(text.shape[-1], positions=text, device=pos.device, context_len=context)
+
+    def _form(self, cos, sin, dtype):
+        form = self.adapter.form
+        if form == "complex":
+            return torch.complex(cos.float(), sin.float())
+        if form == "pairs":
+            return (
+                cos.repeat_interleave(2, dim=-1).to(dtype),
+                sin.repeat_interleave(2, dim=-1).to(dtype),
+            )
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
+
+
+def _attention_layers(model) -> list:
+    found = {}
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("Attention") and "Vision" not in name and hasattr(module, "layer_idx"):
+            found.setdefault(module.layer_idx, module)
+    return [found[i] for i in sorted(found)]
+
+
+def _rotary_modules(model) -> list:
+    return [
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("RotaryEmbedding")
+        and "Vision" not in type(m).__name__
+        and not isinstance(m, RotaryEmbedding)
+    ]
+
+
+def _check_plan(plan, layers, adapter: _Adapter, config, expected) -> None:
+    if len(plan) != len(layers):
+        raise ValueError(f"plan has {len(plan)} layers, the model {len(layers)} attention layers")
+    want_layout = "interleaved" if adapter.form in ("complex", "pairs") else "half"
+    if _model_type(config) == "deepseek_v3":
+        want_layout = "interleaved" if getattr(config, "rope_interleave", True) else "half"
+    for lp, attn, ex in zip(plan, layers, expected, strict=True):
+        if not isinstance(lp, LayerPlan):
+            raise ValueError(f"plan entries must be LayerPlan, got {type(lp).__name__}")
+        if (lp.attention, lp.window) != (ex.attention, ex.window):
+            raise ValueError(
+                f"plan layer {lp.layer} asks for {lp.attention} attention (window {lp.window}); the model's "
+                f"masks give {ex.attention} (window {ex.window}): posenc does not build attention masks"
+            )
+        if lp.rope is not None and lp.rope.layout != want_layout:
+            raise ValueError(
+                f"plan layer {lp.layer} pairs dimensions {lp.rope.layout!r}; this model's attention code "
+                f"pairs them {want_layout!r}"
+            )
+        if adapter.fixed_rope and lp.rope is not None and getattr(attn, adapter.fixed_rope) is None:
+            raise ValueError(
+                f"plan layer {lp.layer} asks for RoPE, but this model's attention code rotates only the "
+                f"layers with {adapter.fixed_rope} set; on the others posenc cannot add a rotation"
+            )
+        if lp.temperature is not None and (
+            not hasattr(attn, "q_proj") or any(hasattr(attn, n) for n in ("qk_norm", "q_norm"))
+        ):
+            raise ValueError(
+                f"plan layer {lp.layer} has a query temperature, applied to q_proj's output; this layer "
+                "normalises its queries after q_proj, which would undo it"
+            )
+
+
+def _model_type(config) -> str:
+    return getattr(config, "model_type", "")
+
+
+def _pre_hook(state: _State, lp: LayerPlan, width: int):
+    def hook(module, args, kwargs):
+        if "position_embeddings" not in kwargs or state.position_ids is None:
+            raise RuntimeError(
+                f"{type(module).__name__} was called without position_embeddings as a keyword, or before the "
+                "rotary module: patch_model cannot hand it posenc's positions"
+            )
+        dtype = args[0].dtype if args else kwargs["hidden_states"].dtype
+        kwargs["position_embeddings"] = state.cos_sin(lp.rope, width, dtype)
+        return args, kwargs
+
+    return hook
+
+
+def _temperature_hook(state: _State, lp: LayerPlan):
+    def hook(module, args, output):
+        scale = lp.temperature(state.text_positions()).to(output.device)
+        return output * scale[..., None].to(output.dtype)
+
+    return hook
+
+
+def _record_forward(state: _State):
+    def forward(module, x, position_ids, *args, **kwargs):
+        state.record(position_ids)
+        return type(module).forward(module, x, position_ids, *args, **kwargs)
+
+    return forward
+
+
+def patch_layers(model, plan, config, expected) -> None:
+    """Apply ``plan`` (one :class:`LayerPlan` per layer) to ``model``; see the module docstring."""
+    adapter = ADAPTERS[_model_type(config)]
+    layers = _attention_layers(model)
+    _check_plan(plan, layers, adapter, config, expected)
+    rotaries = _rotary_modules(model)
+    if not rotaries:
+        raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
+    state = _State(tuple(plan), adapter)
+    for rot in rotaries:
+        rot.forward = types.MethodType(_record_forward(state), rot)
+        rot._posenc_state = state
+    for lp, attn in zip(plan, layers, strict=True):
+        saved = {"scaling": attn.scaling}
+        width = (lp.rope.rotary_dim if lp.rope else getattr(attn, "qk_rope_head_dim", attn.head_dim)) // 2
+        handles = [attn.register_forward_pre_hook(_pre_hook(state, lp, width), with_kwargs=True)]
+        if adapter.rope_flag:
+            saved[adapter.rope_flag] = getattr(attn, adapter.rope_flag)
+            setattr(attn, adapter.rope_flag, True)  # NoPE layers get the identity rotation
+        if hasattr(attn, "attn_temperature_tuning"):
+            saved["attn_temperature_tuning"] = attn.attn_temperature_tuning
+            attn.attn_temperature_tuning = False  # posenc applies the plan's temperature instead
+        if lp.temperature is not None:
+            handles.append(attn.q_proj.register_forward_hook(_temperature_hook(state, lp)))
+        if lp.scale is not None:
+            attn.scaling = lp.scale
+        attn._posenc_saved, attn._posenc_handles = saved, handles
+
+
+def unpatch_layers(model) -> bool:
+    """Undo :func:`patch_layers`; True if anything was patched."""
+    found = False
+    for module in model.modules():
+        if hasattr(module, "_posenc_state"):
+            del module.forward, module._posenc_state
+            found = True
+        if hasattr(module, "_posenc_saved"):
+            for handle in module._posenc_handles:
+                handle.remove()
+            for name, value in module._posenc_saved.items():
+                setattr(module, name, value)
+            del module._posenc_saved, module._posenc_handles
+            found = True
+    return found

@@ -1,0 +1,150 @@
+"""Running a transformers model with posenc computing its positions: :func:`patch_model`,
+:func:`unpatch_model`, :func:`consistent_cache`."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ..rope import RotaryEmbedding
+from ._config import INTERLEAVED_MODEL_TYPES, _get, rotary_from_config
+from .layers import ADAPTERS, patch_layers, unpatch_layers
+from .plan import position_plan, text_config
+
+__all__ = ["consistent_cache", "patch_model", "unpatch_model"]
+
+# model types the single-RoPE path of patch_model is tested on (tests/test_hf.py); others with the same
+# rotary module layout (inv_freq, attention_scaling, forward(x, position_ids) -> (cos, sin)) also work.
+PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj")
+
+
+def _half_forward(module, x, position_ids, *args, **kwargs):
+    rot = module.posenc_rotary
+    # transformers scales length-dependent methods for 1 + the largest position in the whole batch
+    context = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    cos, sin = rot.cos_sin(
+        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
+    )
+    # transformers' rotate_half layout wants (batch, seq, rotary_dim): each frequency twice
+    return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
+
+
+def _gptj_forward(module, x, position_ids, *args, **kwargs):
+    rot = module.posenc_rotary
+    context = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    cos, sin = rot.cos_sin(
+        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
+    )
+    return sin.to(x.dtype), cos.to(x.dtype)  # GPT-J's order, (batch, seq, rotary_dim/2) each
+
+
+def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
+    """Make a transformers model take its positions from posenc. Returns the model.
+
+    For the families with per-layer plans (Llama 4, Gemma 3, Cohere2, SmolLM3, DeepSeek V3, Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL; :data:`posenc.hf.layers.ADAPTERS`), or whenever ``plan`` is given, every
+    attention layer gets the positions of its :class:`~posenc.hf.plan.LayerPlan` (``plan``, default
+    :func:`~posenc.hf.plan.position_plan` of the model's config): posenc's cos/sin (identity on NoPE
+    layers), softmax scale and query temperature (:mod:`posenc.hf.layers`).
+
+    Every ``*RotaryEmbedding`` submodule gets a posenc :class:`RotaryEmbedding` (built from its config by
+    :func:`rotary_from_config`, or ``rotary``), stored as its ``posenc_rotary`` child, and a forward that
+    returns posenc's cos/sin in the shape and order that family's attention code expects. Logits match the
+    unpatched model to float32 rounding (tests/test_hf_parity.py); the angles are formed in float64, so at
+    positions past ~10^5 posenc's are the accurate ones. Length-dependent methods use 1 + the largest
+    position of the call, as transformers does. Undo with :func:`unpatch_model`.
+    """
+    config = text_config(model.config)
+    if rotary is None and (plan is not None or getattr(config, "model_type", "") in ADAPTERS):
+        if getattr(config, "model_type", "") not in ADAPTERS:
+            raise ValueError(
+                f"patch_model applies plans to {', '.join(sorted(ADAPTERS))}; got model_type "
+                f"{getattr(config, 'model_type', None)!r}"
+            )
+        expected = position_plan(config)
+        patch_layers(model, expected if plan is None else tuple(plan), config, expected)
+        return model
+    found = []
+    targets = [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("RotaryEmbedding")
+        and not isinstance(module, RotaryEmbedding)
+        and not hasattr(module, "posenc_rotary")
+    ]
+    for name, module in targets:
+        config = getattr(module, "config", None) or model.config
+        rot = rotary if rotary is not None else rotary_from_config(config)
+        if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
+            forward = _gptj_forward
+        elif (
+            hasattr(module, "inv_freq")
+            and hasattr(module, "attention_scaling")
+            and _get(config, "model_type", default="") not in INTERLEAVED_MODEL_TYPES
+        ):
+            forward = _half_forward
+        else:
+            raise ValueError(
+                f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin; "
+                f"supported: the rotate_half families (tested: {', '.join(PATCHED_FAMILIES)})"
+            )
+        module.posenc_rotary = rot.to(next(iter(module.buffers()), torch.empty(0)).device)
+        module.forward = types.MethodType(forward, module)
+        found.append(name)
+    if not found:
+        raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
+    return model
+
+
+def unpatch_model(model):
+    """Undo :func:`patch_model`: the model computes its own cos/sin again. Returns the model."""
+    unpatch_layers(model)
+    for module in model.modules():
+        if hasattr(module, "posenc_rotary"):
+            del module.forward  # the instance attribute; the class's forward shows through again
+            del module.posenc_rotary
+    return model
+
+
+def consistent_cache(model, rotary: RotaryEmbedding | None = None):
+    """A transformers ``DynamicCache`` whose cached keys follow the current RoPE schedule.
+
+    transformers caches keys rotated with the schedule of the step that produced them; with dynamic NTK,
+    dynamic YaRN or LongRoPE that schedule changes as the sequence grows, and decoding drifts from a full
+    forward pass. This cache, before appending a layer's new keys, turns the cached ones from the schedule
+    they were rotated with to the one for the new total length (:func:`posenc.rope.cache.rerotate_schedule`):
+    for a
+    one-layer model, cached decoding then equals the full forward pass at every length (tested). Use it
+    with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
+
+        patch_model(model)
+        out = model(ids, past_key_values=consistent_cache(model), use_cache=True)
+
+    Batches must be unpadded (the total length is the cache length plus the new tokens).
+    """
+    from transformers import DynamicCache
+
+    from ..rope.cache import rerotate_schedule, same_schedule
+
+    if rotary is None:
+        found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]
+        rotary = found[0] if found else rotary_from_config(model.config)
+
+    class RopeConsistentCache(DynamicCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rotary = rotary
+            self.schedules: dict[int, tuple] = {}
+
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            cached = self.get_seq_length(layer_idx) if layer_idx < len(self.layers) else 0
+            schedule = self.rotary.frequencies(cached + key_states.shape[-2])
+            old = self.schedules.get(layer_idx)
+            if cached and old is not None and not same_schedule(schedule, old):
+                layer = self.layers[layer_idx]
+                layer.keys = rerotate_schedule(layer.keys, old, schedule, self.rotary.layout)
+            self.schedules[layer_idx] = schedule
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    return RopeConsistentCache(config=model.config)

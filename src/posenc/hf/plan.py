@@ -1,0 +1,430 @@
+"""Per-layer position plans read from a Hugging Face config: :func:`position_plan`.
+
+Today's open models do not give every layer the same positions. A plan says, for each layer, which
+encoding it gets (RoPE with which base, scaling and pairing; M-RoPE; none), which attention pattern
+(full, sliding window, chunked) and which query temperature / softmax scale:
+
+- Llama 4 (iRoPE): RoPE with chunked attention on three layers of four, none and full attention on the
+  fourth, whose queries are scaled by log1p(floor((p + 1) / floor_scale)) * attn_scale + 1 (Nakanishi
+  2025, "Scalable-Softmax", arxiv.org/abs/2501.19399). ``no_rope_layers[i] == 1`` means layer i HAS RoPE.
+- Gemma 3: base 1e4 unscaled on sliding layers, base 1e6 (linear x8 on the large models) on global ones.
+- Gemma 4: as Gemma 3 with "proportional" RoPE on global layers (frequencies base^(-2k/head_dim) for the
+  first fraction of the pairs, zero for the rest: every dimension is paired, not a partial rotary) and
+  their own head dimension.
+- Cohere2 (Command R7B / A): interleaved RoPE on sliding layers, none on global ones.
+- SmolLM3: ``no_rope_layers`` as Llama 4, without temperature or chunking.
+- DeepSeek V3 (MLA): RoPE on a decoupled qk_rope_head_dim slice, with one key head shared by all heads,
+  pairs interleaved when ``rope_interleave``; YaRN's mscale_all_dim squared multiplies the softmax scale.
+- Qwen2-VL / Qwen2.5-VL (contiguous) and Qwen3-VL (interleaved) M-RoPE (:mod:`posenc.rope.mrope`).
+
+Anything else with a single RoPE (Llama, Qwen2, Mistral, Phi-3, ...) gets the same RoPE on every layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import torch
+
+from ..rope import RotaryEmbedding
+from ..rope.mrope import MRotaryEmbedding
+from ._config import _get, _head_dim, rope_settings
+
+__all__ = ["LayerPlan", "QueryTemperature", "Rope", "position_plan"]
+
+ATTENTION = ("full", "sliding", "chunked")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """One layer's rotary encoding. ``head_dim``: the q/k slice it acts on; ``rotary_dim``: how much of
+    it rotates; ``scaling``: the Hugging Face scaling dict as sorted (key, value) pairs (hashable);
+    ``mrope_section`` set for M-RoPE."""
+
+    base: float
+    head_dim: int
+    rotary_dim: int
+    layout: str = "half"
+    scaling: tuple = ()
+    max_position_embeddings: int | None = None
+    mrope_section: tuple[int, int, int] | None = None
+    mrope_interleaved: bool = False
+
+    @property
+    def scaling_dict(self) -> dict | None:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.scaling} or None
+
+    def module(self) -> RotaryEmbedding | MRotaryEmbedding:
+        """The posenc module computing this encoding."""
+        if self.mrope_section is not None:
+            return MRotaryEmbedding(
+                self.head_dim,
+                self.mrope_section,
+                self.base,
+                interleaved=self.mrope_interleaved,
+                scaling=self.scaling_dict,
+                layout=self.layout,
+                rotary_dim=self.rotary_dim,
+                max_position_embeddings=self.max_position_embeddings,
+            )
+        return RotaryEmbedding(
+            self.head_dim,
+            base=self.base,
+            rotary_dim=self.rotary_dim,
+            layout=self.layout,
+            scaling=self.scaling_dict,
+            max_position_embeddings=self.max_position_embeddings,
+        )
+
+    def __repr__(self) -> str:
+        kind = "RoPE"
+        if self.mrope_section is not None:
+            order = "interleaved" if self.mrope_interleaved else "contiguous"
+            kind = f"M-RoPE{list(self.mrope_section)} {order}"
+        parts = [f"base={self.base:g}"]
+        scaling = dict(self.scaling)
+        if scaling.get("rope_type", "default") != "default":
+            factor = scaling.get("factor")
+            parts.append(scaling["rope_type"] + (f" x{factor:g}" if factor else ""))
+            if "partial_rotary_factor" in scaling:
+                parts.append(f"rotating {scaling['partial_rotary_factor']:g} of the pairs")
+        parts.append(f"dims {self.rotary_dim}/{self.head_dim}")
+        parts.append(self.layout)
+        return f"{kind}({', '.join(parts)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryTemperature:
+    """Llama 4's position-dependent query scale for NoPE layers (Nakanishi 2025, arxiv.org/abs/2501.19399):
+    s(p) = log1p(floor((p + 1) / floor_scale)) * attn_scale + 1."""
+
+    attn_scale: float
+    floor_scale: float
+
+    def __call__(self, positions: torch.Tensor) -> torch.Tensor:
+        """s(p) for positions (..., seq), float32, computed in float64."""
+        p = positions.to(torch.float64)
+        return (torch.log1p(torch.floor((p + 1.0) / self.floor_scale)) * self.attn_scale + 1.0).float()
+
+    def __repr__(self) -> str:
+        return f"log1p(floor((p+1)/{self.floor_scale:g}))*{self.attn_scale:g}+1"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """What one layer does with positions.
+
+    rope: the encoding, or None (NoPE). attention: "full", "sliding" (``window`` keys back) or "chunked"
+    (``window``-sized blocks). scale: the softmax scale multiplying q.k. temperature: a query temperature.
+    shared_key: one rotated key head shared by all heads (DeepSeek's MLA).
+    """
+
+    layer: int
+    rope: Rope | None
+    attention: str = "full"
+    window: int | None = None
+    scale: float | None = None
+    temperature: QueryTemperature | None = None
+    shared_key: bool = False
+
+    def __repr__(self) -> str:
+        parts = [repr(self.rope) if self.rope is not None else "NoPE"]
+        parts.append(self.attention + (f" {self.window}" if self.window else ""))
+        if self.scale is not None:
+            parts.append(f"scale {self.scale:.4g}")
+        if self.temperature is not None:
+            parts.append(f"query x {self.temperature!r}")
+        if self.shared_key:
+            parts.append("one shared key head")
+        return f"layer {self.layer}: " + " | ".join(parts)
+
+
+def _frozen(params: Mapping | None) -> tuple:
+    if not params:
+        return ()
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
+def _rope(settings: dict, **extra) -> Rope:
+    """A :class:`Rope` from :func:`rope_settings`'s keyword arguments."""
+    fields = {
+        "base": settings["base"],
+        "head_dim": settings["head_dim"],
+        "rotary_dim": settings["rotary_dim"] or settings["head_dim"],
+        "layout": settings["layout"],
+        "scaling": _frozen(settings["scaling"]),
+        "max_position_embeddings": settings["max_position_embeddings"],
+    }
+    return Rope(**{**fields, **extra})
+
+
+# ---------------------------------------------------------------------------------------------- readers
+def _attention(layer_type: str, config) -> tuple[str, int | None]:
+    if layer_type == "sliding_attention":
+        return "sliding", _get(config, "sliding_window")
+    if layer_type == "chunked_attention":
+        return "chunked", _get(config, "attention_chunk_size")
+    if layer_type == "full_attention":
+        return "full", None
+    raise ValueError(
+        f"config's layer_types entry {layer_type!r} is not supported; supported: 'full_attention', "
+        "'sliding_attention', 'chunked_attention'"
+    )
+
+
+def _n_layers(config) -> int:
+    n = _get(config, "num_hidden_layers", "n_layer", "num_layers")
+    if n is None:
+        raise ValueError("config has no num_hidden_layers")
+    return n
+
+
+def _has_rope(config) -> list[int]:
+    """``no_rope_layers`` (1: the layer HAS RoPE, as Llama 4 and SmolLM3 use it), or its default: a NoPE
+    layer every ``no_rope_layer_interval`` layers."""
+    n = _n_layers(config)
+    flags = _get(config, "no_rope_layers")
+    if not flags:
+        interval = _get(config, "no_rope_layer_interval", default=4)
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n or any(f not in (0, 1, True, False) for f in flags):
+        raise ValueError(
+            f"config's no_rope_layers must be {n} flags of 0 (NoPE) or 1 (RoPE), got {list(flags)!r}"
+        )
+    return [int(f) for f in flags]
+
+
+def _layer_types(config, derived) -> list[str]:
+    types = _get(config, "layer_types")
+    if types is None:
+        types = derived
+    if len(types) != _n_layers(config):
+        raise ValueError(f"config's layer_types has {len(types)} entries for {_n_layers(config)} layers")
+    return list(types)
+
+
+def _single_rope_plan(config, rope: Rope | None = None, scale=None) -> tuple[LayerPlan, ...]:
+    rope = rope or _rope(rope_settings(config))
+    types = _layer_types(config, ["full_attention"] * _n_layers(config))
+    return tuple(LayerPlan(i, rope, *_attention(t, config), scale=scale) for i, t in enumerate(types))
+
+
+def _llama4(config) -> tuple[LayerPlan, ...]:
+    has_rope = _has_rope(config)
+    chunk = _get(config, "attention_chunk_size")
+    derived = ["chunked_attention" if r and chunk is not None else "full_attention" for r in has_rope]
+    types = _layer_types(config, derived)
+    rope = _rope(rope_settings(config), layout="interleaved")  # Meta's complex pairs (2i, 2i+1)
+    tuning = _get(config, "attn_temperature_tuning", default=True)
+    temperature = QueryTemperature(
+        float(_get(config, "attn_scale", default=0.1)), float(_get(config, "floor_scale", default=8192))
+    )
+    return tuple(
+        LayerPlan(
+            i,
+            rope if r else None,
+            *_attention(t, config),
+            temperature=temperature if tuning and not r else None,
+        )
+        for i, (r, t) in enumerate(zip(has_rope, types, strict=True))
+    )
+
+
+def _smollm3(config) -> tuple[LayerPlan, ...]:
+    has_rope = _has_rope(config)
+    sliding = _get(config, "use_sliding_window", default=False) and _get(config, "sliding_window")
+    derived = ["sliding_attention" if sliding and not r else "full_attention" for r in has_rope]
+    types = _layer_types(config, derived)
+    rope = _rope(rope_settings(config))
+    return tuple(
+        LayerPlan(i, rope if r else None, *_attention(t, config))
+        for i, (r, t) in enumerate(zip(has_rope, types, strict=True))
+    )
+
+
+def _cohere2(config) -> tuple[LayerPlan, ...]:
+    n = _n_layers(config)
+    pattern = _get(config, "sliding_window_pattern", default=4)
+    derived = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    types = _layer_types(config, derived)
+    rope = _rope(rope_settings(config))  # "interleaved": cohere2 is in INTERLEAVED_MODEL_TYPES
+    return tuple(
+        LayerPlan(i, rope if t == "sliding_attention" else None, *_attention(t, config))
+        for i, t in enumerate(types)
+    )
+
+
+def _per_type_rope(config) -> dict[str, dict]:
+    """Gemma-style RoPE per layer type: transformers' ``rope_parameters`` {layer type: params}, or the
+    config.json form (``rope_theta`` + ``rope_scaling`` global, ``rope_local_base_freq`` local)."""
+    params = _get(config, "rope_parameters")
+    if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
+        return {k: dict(v) for k, v in params.items()}
+    scaling = dict(_get(config, "rope_scaling") or {})
+    scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    return {
+        "full_attention": {**scaling, "rope_theta": _get(config, "rope_theta", default=1e6)},
+        "sliding_attention": {
+            "rope_type": "default",
+            "rope_theta": _get(config, "rope_local_base_freq", default=1e4),
+        },
+    }
+
+
+def _gemma3(config) -> tuple[LayerPlan, ...]:
+    n = _n_layers(config)
+    pattern = _get(config, "sliding_window_pattern", "_sliding_window_pattern", default=6)
+    derived = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
+    types = _layer_types(config, derived)
+    per_type = _per_type_rope(config)
+    ropes = {}
+    for layer_type in sorted(set(types)):
+        if layer_type not in per_type:
+            raise ValueError(
+                f"config's rope_parameters has no entry for layer type {layer_type!r} "
+                f"(has {sorted(per_type)})"
+            )
+        flat = {
+            "model_type": _get(config, "model_type", default="gemma3_text"),
+            "head_dim": _head_dim(config),
+            "max_position_embeddings": _get(config, "max_position_embeddings"),
+            "rope_parameters": per_type[layer_type],
+        }
+        ropes[layer_type] = _rope(rope_settings(flat))
+    scale = _get(config, "query_pre_attn_scalar", default=_head_dim(config)) ** -0.5
+    return tuple(LayerPlan(i, ropes[t], *_attention(t, config), scale=scale) for i, t in enumerate(types))
+
+
+MROPE_SECTIONS = {"qwen2_vl": (16, 24, 24), "qwen2_5_vl": (16, 24, 24), "qwen3_vl": (24, 20, 20)}
+
+
+def _qwen_vl(config) -> tuple[LayerPlan, ...]:
+    family = _get(config, "model_type").removesuffix("_text")
+    params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
+    section = tuple(params.pop("mrope_section", MROPE_SECTIONS[family]))
+    # Qwen3-VL's code always interleaves; its configs say so with mrope_interleaved
+    interleaved = family == "qwen3_vl"
+    params.pop("mrope_interleaved", None)
+    if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
+        params.pop("type", None)
+        params["rope_type"] = "default"
+    flat = {
+        "model_type": family,
+        "head_dim": _head_dim(config),
+        "max_position_embeddings": _get(config, "max_position_embeddings"),
+        "rope_theta": _get(config, "rope_theta"),
+        "rope_parameters": params,
+    }
+    rope = _rope(rope_settings(flat), mrope_section=section, mrope_interleaved=interleaved)
+    return _single_rope_plan(config, rope)
+
+
+def _deepseek_v3(config) -> tuple[LayerPlan, ...]:
+    rope_dim = _get(config, "qk_rope_head_dim")
+    nope_dim = _get(config, "qk_nope_head_dim")
+    params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
+    flat = {
+        "model_type": "deepseek_v3",
+        "head_dim": rope_dim,
+        "max_position_embeddings": _get(config, "max_position_embeddings"),
+        "rope_theta": _get(config, "rope_theta"),
+        "rope_parameters": params,
+    }
+    layout = "interleaved" if _get(config, "rope_interleave", default=True) else "half"
+    rope = _rope(rope_settings(flat), layout=layout)
+    scale = (rope_dim + nope_dim) ** -0.5
+    mscale_all_dim = params.get("mscale_all_dim")
+    if params.get("rope_type", params.get("type", "default")) != "default" and mscale_all_dim:
+        # DeepSeek's YaRN: 0.1 * mscale_all_dim * ln(factor) + 1, squared, on the softmax scale
+        factor = params["factor"]
+        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scale *= mscale * mscale
+    types = _layer_types(config, ["full_attention"] * _n_layers(config))
+    return tuple(
+        LayerPlan(i, rope, *_attention(t, config), scale=scale, shared_key=True) for i, t in enumerate(types)
+    )
+
+
+READERS = {
+    "llama4_text": _llama4,
+    "smollm3": _smollm3,
+    "cohere2": _cohere2,
+    "gemma3_text": _gemma3,
+    "qwen2_vl_text": _qwen_vl,
+    "qwen2_5_vl_text": _qwen_vl,
+    "qwen3_vl_text": _qwen_vl,
+    "deepseek_v3": _deepseek_v3,
+}
+"""model_type -> the function reading its plan (composite configs are read through their text_config)."""
+
+_COMPOSITE = {"llama4", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
+_HANDLED_KEYS = {
+    "rope_parameters",
+    "rope_scaling",
+    "rope_theta",
+    "rope_local_base_freq",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+    "qk_rope_head_dim",
+    "rope_interleave",
+    "attn_temperature_tuning",
+    "attention_chunk_size",
+    "partial_rotary_factor",
+    "rotary_pct",
+    "rotary_dim",
+    "rotary_emb_base",
+}
+_POSITION_WORDS = ("rope", "rotary", "temperature", "chunk_size", "position_embedding_type")
+_IGNORED_KEYS = {"chunk_size_feed_forward"}
+
+
+def text_config(config):
+    """The language model's config of a composite (vision-language) config; the config itself otherwise."""
+    if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
+        config = config.config
+    model_type = _get(config, "model_type", default="")
+    inner = _get(config, "text_config")
+    if model_type in _COMPOSITE and inner is not None:
+        inner_type = _get(inner, "model_type") or f"{model_type}_text"
+        if isinstance(inner, Mapping):
+            inner = {**inner, "model_type": inner_type}
+        return inner
+    return config
+
+
+def _check_keys(config) -> None:
+    """Refuse position-related keys that no reader understands, naming them."""
+    keys = config.keys() if isinstance(config, Mapping) else config.to_dict().keys()
+    for key in sorted(keys):
+        if key in _HANDLED_KEYS or key in _IGNORED_KEYS or not any(w in key for w in _POSITION_WORDS):
+            continue
+        raise ValueError(
+            f"config key {key!r} is not supported by posenc.hf.position_plan: it would change positions in "
+            "a way posenc does not know"
+        )
+
+
+def position_plan(config) -> tuple[LayerPlan, ...]:
+    """The per-layer position plan of a transformers config (object, config.json dict, or model).
+
+    Returns one frozen :class:`LayerPlan` per decoder layer. Raises ValueError naming any config key or
+    value posenc cannot follow (an unknown rope_type, a layer type other than full / sliding / chunked
+    attention, a position-related key no reader knows).
+    """
+    config = text_config(config)
+    if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
+        raise ValueError(
+            "config must be a transformers config, a config.json dict or a model, got "
+            f"{type(config).__name__}"
+        )
+    _check_keys(config)
+    model_type = _get(config, "model_type", default="")
+    reader = READERS.get(model_type)
+    if reader is not None:
+        return reader(config)
+    if _get(config, "layer_types") and isinstance(_get(config, "rope_parameters"), Mapping):
+        if all(isinstance(v, Mapping) for v in _get(config, "rope_parameters").values()):
+            return _gemma3(config)  # any other per-layer-type family follows Gemma 3's rules
+    return _single_rope_plan(config)

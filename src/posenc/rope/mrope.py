@@ -1,0 +1,318 @@
+"""Multimodal RoPE (M-RoPE; Wang et al. 2024, "Qwen2-VL", arxiv.org/abs/2409.12191, sec. 2.1).
+
+Every token has three positions (time, height, width); text tokens have the same value on all three, so
+for text M-RoPE is plain 1-D RoPE. Each frequency pair k of the head takes its angle from one of the three
+axes: theta_k = p[axis(k)] * omega_k. Which axis is a matter of ``mrope_section`` (t, h, w pair counts):
+
+* contiguous (Qwen2-VL, Qwen2.5-VL): the first t pairs follow time, the next h height, the last w width;
+* interleaved (Qwen3-VL, "Interleaved-MRoPE"): pairs cycle t, h, w, t, h, w, ... while each axis has
+  pairs left, then time: every axis spans the whole spectrum, fast to slow.
+
+The interleaving is of frequency *slots*; the rotation still pairs dimension i with i + rotary_dim/2
+("half", rotate_half), in both models. Text alone never shows the difference, image grids do.
+
+:func:`mrope_positions` builds the (3, batch, seq) positions for a sequence of text and image/video grids
+(the Qwen2-VL / Qwen2.5-VL / Qwen3-VL rules) and the ``rope_deltas`` that continue them while decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .. import _checks
+from ..kernels import apply_rotary, apply_rotary_qk
+from .frequencies import resolve_schedule
+from .table import align_to, cos_sin_of
+
+__all__ = ["MRotaryEmbedding", "mrope_axes", "mrope_decode_positions", "mrope_positions"]
+
+TEXT, IMAGE, VIDEO = 0, 1, 2
+
+
+def mrope_axes(mrope_section: Sequence[int], interleaved: bool = False) -> torch.Tensor:
+    """The position axis (0 time, 1 height, 2 width) of each frequency pair: long tensor (sum(section),).
+
+    Contiguous: section[0] zeros, section[1] ones, section[2] twos. Interleaved (Qwen3-VL): pair j follows
+    height when j % 3 == 1 and j < 3 * section[1], width when j % 3 == 2 and j < 3 * section[2], else time.
+    """
+    section = _section(mrope_section)
+    n = sum(section)
+    if not interleaved:
+        return torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+    axes = torch.zeros(n, dtype=torch.long)
+    for axis in (1, 2):
+        slots = torch.arange(axis, min(3 * section[axis], n), 3)
+        axes[slots] = axis
+    if int((axes == 1).sum()) != section[1] or int((axes == 2).sum()) != section[2]:
+        raise ValueError(
+            f"mrope_section {list(section)} cannot be interleaved: height and width need their slots "
+            f"among the first {n} pairs (section[1], section[2] <= section[0] + ...); got section {section}"
+        )
+    return axes
+
+
+def _section(mrope_section) -> tuple[int, int, int]:
+    if not isinstance(mrope_section, (list, tuple)) or len(mrope_section) != 3:
+        raise ValueError(
+            f"mrope_section must be three pair counts (time, height, width), got {mrope_section!r}"
+        )
+    return tuple(_checks.positive_int(f"mrope_section[{i}]", s) for i, s in enumerate(mrope_section))
+
+
+class MRotaryEmbedding(nn.Module):
+    """Multimodal RoPE: pair k rotated by p[axis(k)] * omega_k (Wang et al. 2024, Qwen2-VL sec. 2.1).
+
+    Args:
+        head_dim: size of each head's query/key vector.
+        mrope_section: pairs per axis (time, height, width); they sum to rotary_dim / 2.
+        base: rope_theta.
+        interleaved: Qwen3-VL's interleaved frequency slots instead of Qwen2-VL's contiguous sections.
+        scaling: a static Hugging Face scaling dict (linear, ntk, yarn, llama3, ...) or None.
+        layout: pairing of dimensions, "half" (Qwen, rotate_half) or "interleaved".
+        rotary_dim: rotate only the first rotary_dim dimensions (default 2 * sum(mrope_section)).
+
+    Shape:
+        forward(q, k, positions) -> (q, k): q, k (batch, heads, seq, head_dim); positions (3, batch, seq)
+        (time, height, width), or (batch, seq) / (seq,) for text, which is the same on all three axes.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        mrope_section: Sequence[int],
+        base: float = 10000.0,
+        interleaved: bool = False,
+        scaling: dict | None = None,
+        layout: str = "half",
+        rotary_dim: int | None = None,
+        max_position_embeddings: int | None = None,
+    ):
+        super().__init__()
+        section = _section(mrope_section)
+        rotary_dim = 2 * sum(section) if rotary_dim is None else rotary_dim
+        schedule = resolve_schedule(
+            head_dim,
+            base=base,
+            scaling=scaling,
+            rotary_dim=rotary_dim,
+            max_position_embeddings=max_position_embeddings,
+        )
+        if schedule.length_dependent:
+            raise ValueError(
+                f"scaling rope_type {schedule.method!r} depends on the sequence length, which M-RoPE "
+                "positions do not define; use a static method (linear, ntk, yarn, llama3) or None"
+            )
+        if 2 * sum(section) != schedule.freq_dim:
+            raise ValueError(
+                f"mrope_section {list(section)} sums to {sum(section)} pairs, but the rotary dimension "
+                f"{schedule.freq_dim} has {schedule.freq_dim // 2}"
+            )
+        if not isinstance(interleaved, bool):
+            raise ValueError(f"interleaved must be True or False, got {interleaved!r}")
+        self.head_dim, self.rotary_dim, self.base = head_dim, schedule.rotary_dim, schedule.base
+        self.mrope_section, self.interleaved = section, interleaved
+        self.layout = _checks.layout(layout)
+        self.axes = mrope_axes(section, interleaved)
+        inv, attn = schedule.at()
+        self.inv_freq64, self.attention_factor = inv, float(attn)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
+        """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (3, batch, seq)
+        positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2))."""
+        positions = _positions3(positions)
+        if positions.dim() == 2:  # text: all three axes alike
+            return cos_sin_of(positions, self.inv_freq64, self.attention_factor, dtype)
+        axes = self.axes.to(positions.device)
+        # the position each pair follows: (batch, seq, pairs), then angles pair by pair
+        per_pair = positions.permute(1, 2, 0)[..., axes]
+        theta = per_pair.to(torch.float64) * self.inv_freq64.to(positions.device)
+        cos, sin = torch.cos(theta) * self.attention_factor, torch.sin(theta) * self.attention_factor
+        return cos.to(dtype), sin.to(dtype)
+
+    def _tables(self, x: torch.Tensor, positions):
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions.to(x.device), dtype)
+        if cos.dim() == 2:
+            return cos, sin
+        return align_to(cos, sin, x, "positions")
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate one tensor x (batch, heads, seq, head_dim) by its (3, batch, seq) positions."""
+        self._check("x", x, positions)
+        return apply_rotary(x, *self._tables(x, positions), layout=self.layout)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
+        """Rotate queries and keys of the same length by their (3, batch, seq) positions."""
+        self._check("q", q, positions)
+        self._check("k", k, positions)
+        cos, sin = self._tables(q, positions)
+        return apply_rotary_qk(q, k, cos, sin, layout=self.layout)
+
+    def _check(self, name: str, x, positions) -> None:
+        _checks.tensor_rank(name, x, 2)
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"{name} must have last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}"
+            )
+        positions = _positions3(positions)
+        if positions.shape[-1] != x.shape[-2]:
+            raise ValueError(
+                f"positions of shape {tuple(positions.shape)} do not match {name}'s seq length {x.shape[-2]}"
+            )
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, mrope_section={list(self.mrope_section)}, base={self.base:g}, "
+            f"interleaved={self.interleaved}, layout={self.layout!r}"
+        )
+
+
+def _positions3(positions) -> torch.Tensor:
+    if not isinstance(positions, torch.Tensor) or positions.is_complex() or positions.dtype == torch.bool:
+        raise ValueError(
+            f"positions must be a real tensor of shape (3, batch, seq), (batch, seq) or (seq,), got "
+            f"{type(positions).__name__ if not isinstance(positions, torch.Tensor) else positions.dtype}"
+        )
+    if positions.dim() == 3 and positions.shape[0] != 3:
+        raise ValueError(
+            f"positions of shape (axes, batch, seq) need 3 axes (time, height, width), got "
+            f"{tuple(positions.shape)}"
+        )
+    if positions.dim() not in (1, 2, 3):
+        raise ValueError(
+            f"positions must have shape (3, batch, seq), (batch, seq) or (seq,), got {tuple(positions.shape)}"
+        )
+    if positions.numel() and bool((positions < 0).any()):
+        raise ValueError(f"positions must be >= 0, got minimum {positions.min().item()}")
+    return positions
+
+
+def mrope_positions(
+    token_types: torch.Tensor,
+    image_grids=None,
+    video_grids=None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    spatial_merge_size: int = 1,
+    video_seconds=None,
+    tokens_per_second: float | None = None,
+    split_video_frames: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE positions of a batch of text and image/video token runs (Qwen2-VL sec. 2.1; Qwen2.5-VL
+    report, arxiv.org/abs/2502.13923, sec. 2.1.3 for absolute time).
+
+    Text tokens count up by one on all three axes. A run of vision tokens is one grid of (t, h, w) patches,
+    merged spatially by ``spatial_merge_size``: token (i, j, l) of the (t, h/m, w/m) grid sits at
+    (s + time(i), s + j, s + l), s the next free position; time(i) = i, or with ``video_seconds`` (seconds
+    per temporal grid step, one per video) and ``tokens_per_second`` (Qwen2.5-VL's absolute time)
+    int(i * tokens_per_second * seconds). The text after a grid continues at 1 + the largest position so
+    far. ``split_video_frames`` (Qwen3-VL, which puts a timestamp between frames): each frame of a video is
+    its own grid with t = 1.
+
+    Args:
+        token_types: (batch, seq) integers, 0 text, 1 image, 2 video.
+        image_grids, video_grids: (n, 3) (t, h, w) of each image / video in patches, in order of appearance
+            through the batch.
+        attention_mask: (batch, seq), 0 on padding (left or right); padding gets position 0.
+
+    Returns:
+        positions (3, batch, seq) long, and rope_deltas (batch, 1): the shift that continues each sequence
+        while decoding, position = (number of tokens so far) + delta (see :func:`mrope_decode_positions`).
+    """
+    types = _token_types(token_types, attention_mask)
+    merge = _checks.positive_int("spatial_merge_size", spatial_merge_size)
+    grids = {IMAGE: _grids("image_grids", image_grids), VIDEO: _grids("video_grids", video_grids)}
+    seconds = [1.0] * len(grids[VIDEO]) if video_seconds is None else [float(s) for s in video_seconds]
+    if len(seconds) != len(grids[VIDEO]):
+        raise ValueError(f"video_seconds must give one value per video ({len(grids[VIDEO])}), got {seconds}")
+    if video_seconds is not None and tokens_per_second is None:
+        raise ValueError("video_seconds needs tokens_per_second (Qwen2.5-VL's vision_config value), got None")
+    steps = {IMAGE: [1.0] * len(grids[IMAGE]), VIDEO: [(tokens_per_second or 1) * s for s in seconds]}
+    if split_video_frames:
+        frames = [(g, s) for g, s in zip(grids[VIDEO], steps[VIDEO], strict=True) for _ in range(g[0])]
+        grids[VIDEO], steps[VIDEO] = [(1, g[1], g[2]) for g, _ in frames], [s for _, s in frames]
+    queues = {kind: list(zip(grids[kind], steps[kind], strict=True)) for kind in (IMAGE, VIDEO)}
+    mask = torch.ones_like(types, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    positions = torch.zeros(3, *types.shape, dtype=torch.long)
+    deltas = torch.zeros(types.shape[0], 1, dtype=torch.long)
+    for b in range(types.shape[0]):
+        real = types[b][mask[b].cpu()].tolist()
+        seq = _sequence_positions(real, queues, merge)
+        positions[:, b, mask[b].cpu()] = seq
+        deltas[b, 0] = (int(seq.max()) + 1 if seq.numel() else 0) - len(real)
+    for kind, name in ((IMAGE, "image_grids"), (VIDEO, "video_grids")):
+        if queues[kind]:
+            raise ValueError(f"{name} has {len(queues[kind])} grid(s) left over after the last token run")
+    return positions.to(token_types.device), deltas.to(token_types.device)
+
+
+def _sequence_positions(types: list[int], queues, merge: int) -> torch.Tensor:
+    """(3, n) positions of one unpadded sequence, consuming grids from ``queues``."""
+    parts, start, i = [], 0, 0
+    while i < len(types):
+        kind = types[i]
+        if kind == TEXT:
+            n = next((j for j in range(i, len(types)) if types[j] != TEXT), len(types)) - i
+            parts.append(torch.arange(start, start + n).expand(3, n))
+            start, i = start + n, i + n
+            continue
+        if not queues[kind]:
+            raise ValueError(f"token {i} starts a {('', 'image', 'video')[kind]} run, but no grid is left")
+        (t, h, w), step = queues[kind].pop(0)
+        if h % merge or w % merge:
+            raise ValueError(f"grid (t, h, w) = {(t, h, w)} is not divisible by spatial_merge_size={merge}")
+        grid = _grid_positions(t, h // merge, w // merge, step) + start
+        if types[i : i + grid.shape[1]] != [kind] * grid.shape[1]:
+            raise ValueError(
+                f"grid {(t, h, w)} needs {grid.shape[1]} {('', 'image', 'video')[kind]} tokens from token "
+                f"{i}, the sequence has fewer"
+            )
+        parts.append(grid)
+        start, i = int(grid.max()) + 1, i + grid.shape[1]
+    return torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+
+
+def _grid_positions(t: int, h: int, w: int, step: float) -> torch.Tensor:
+    """(3, t*h*w) offsets of a grid's tokens, row-major over (t, h, w); time i at int(i * step)."""
+    time = (torch.arange(t, dtype=torch.float64) * step).long()
+    tt, hh, ww = torch.meshgrid(time, torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([tt, hh, ww]).reshape(3, -1)
+
+
+def _token_types(token_types, attention_mask) -> torch.Tensor:
+    if not isinstance(token_types, torch.Tensor) or token_types.dim() != 2:
+        raise ValueError(f"token_types must be a (batch, seq) tensor of 0/1/2, got {token_types!r}")
+    types = token_types.long().cpu()
+    if types.numel() and not bool(((types >= TEXT) & (types <= VIDEO)).all()):
+        raise ValueError(
+            f"token_types must hold 0 (text), 1 (image) or 2 (video), got {types.unique().tolist()}"
+        )
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(types.shape):
+        raise ValueError(
+            f"attention_mask must have token_types' shape {tuple(types.shape)}, got "
+            f"{tuple(attention_mask.shape)}"
+        )
+    return types
+
+
+def _grids(name: str, grids) -> list[tuple[int, int, int]]:
+    if grids is None:
+        return []
+    rows = grids.tolist() if isinstance(grids, torch.Tensor) else [list(g) for g in grids]
+    out = []
+    for row in rows:
+        if len(row) != 3:
+            raise ValueError(f"{name} rows must be (t, h, w), got {row!r}")
+        out.append(tuple(_checks.positive_int(f"{name} entries", int(v)) for v in row))
+    return out
+
+
+def mrope_decode_positions(rope_deltas: torch.Tensor, seen, new_tokens: int = 1) -> torch.Tensor:
+    """(3, batch, new_tokens) positions of the next text tokens while decoding: ``seen`` (int or (batch,)
+    tensor: real tokens so far per sequence, padding not counted) + 0 .. new_tokens-1 + rope_deltas."""
+    seen = torch.as_tensor(seen, device=rope_deltas.device).reshape(-1, 1)
+    pos = seen + torch.arange(_checks.positive_int("new_tokens", new_tokens), device=rope_deltas.device)
+    return (pos + rope_deltas.reshape(-1, 1)).expand(3, -1, -1)
