@@ -55,7 +55,7 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     positions past ~10^5 posenc's are the accurate ones. Length-dependent methods use 1 + the largest
     position of the call, as transformers does. Undo with :func:`unpatch_model`.
     """
-    config = text_config(model.config)
+    config = text_config(getattr(model, "config", None) or {})
     if rotary is None and (plan is not None or getattr(config, "model_type", "") in ADAPTERS):
         if getattr(config, "model_type", "") not in ADAPTERS:
             raise ValueError(
