@@ -11,7 +11,14 @@ from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import ALiBi, alibi_slopes
-from .rope import RotaryEmbedding, RotaryKVCache, convert_layout, rerotate_keys, rope_frequencies
+from .rope import (
+    MRotaryEmbedding,
+    RotaryEmbedding,
+    RotaryKVCache,
+    convert_layout,
+    rerotate_keys,
+    rope_frequencies,
+)
 
 __version__ = "0.1.0"
 
@@ -26,6 +33,7 @@ def __getattr__(name: str):
 __all__ = [
     "ALiBi",
     "LearnedEmbedding",
+    "MRotaryEmbedding",
     "NoPositionalEncoding",
     "PositionError",
     "RotaryEmbedding",

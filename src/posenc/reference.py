@@ -167,3 +167,49 @@ def attention(
         qi = np.arange(lk - lq, lk)[:, None]
         scores = np.where(np.arange(lk)[None, :] > qi, -np.inf, scores)
     return softmax(scores) @ v
+
+
+def mrope_axis(k: int, mrope_section, interleaved: bool = False) -> int:
+    """The position axis (0 time, 1 height, 2 width) frequency pair k follows in M-RoPE.
+
+    Contiguous (Qwen2-VL, Wang et al. 2024, arxiv.org/abs/2409.12191, sec. 2.1): the first section[0]
+    pairs follow time, the next section[1] height, the rest width. Interleaved (Qwen3-VL): pairs cycle
+    time, height, width while height has pairs below 3 * section[1] and width below 3 * section[2].
+    """
+    t, h, w = mrope_section
+    if interleaved:
+        if k % 3 == 1 and k < 3 * h:
+            return 1
+        if k % 3 == 2 and k < 3 * w:
+            return 2
+        return 0
+    return 0 if k < t else (1 if k < t + h else 2)
+
+
+def mrope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    mrope_section,
+    base: float = 10000.0,
+    interleaved: bool = False,
+    layout: str = "half",
+) -> np.ndarray:
+    """Multimodal RoPE (Wang et al. 2024, "Qwen2-VL", sec. 2.1). x: (batch, heads, seq, d); positions:
+    (3, batch, seq) as (time, height, width).
+
+    Pair k (of d/2 = sum(mrope_section)) is rotated by theta = p[axis(k)] * omega_k, omega_k =
+    base^(-2k/d), with axis(k) from :func:`mrope_axis`. The pairing of dimensions is ``layout`` ("half":
+    (k, k + d/2), as both Qwen2-VL and Qwen3-VL rotate), whatever the order of the frequency slots.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    pos = np.asarray(positions, dtype=np.float64)
+    d = x.shape[-1]
+    first, second = _pair_indices(d, layout)
+    out = x.copy()
+    for k, w in enumerate(inverse_frequencies(d, base)):
+        theta = pos[mrope_axis(k, mrope_section, interleaved)] * w  # (batch, seq)
+        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        a, b = x[..., first[k]], x[..., second[k]]
+        out[..., first[k]] = a * cos - b * sin
+        out[..., second[k]] = a * sin + b * cos
+    return out

@@ -4,12 +4,22 @@
 - :mod:`.table`: cos/sin tables for positions, with one lookup path;
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
-- :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding.
+- :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
+- :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions.
 """
 
 from .cache import RotaryKVCache, rerotate_keys
 from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
 from .layout import convert_layout
+from .mrope import MRotaryEmbedding, mrope_positions
 
-__all__ = ["RotaryEmbedding", "RotaryKVCache", "convert_layout", "rerotate_keys", "rope_frequencies"]
+__all__ = [
+    "MRotaryEmbedding",
+    "RotaryEmbedding",
+    "RotaryKVCache",
+    "convert_layout",
+    "mrope_positions",
+    "rerotate_keys",
+    "rope_frequencies",
+]

@@ -48,8 +48,9 @@ def mrope_axes(mrope_section: Sequence[int], interleaved: bool = False) -> torch
         axes[slots] = axis
     if int((axes == 1).sum()) != section[1] or int((axes == 2).sum()) != section[2]:
         raise ValueError(
-            f"mrope_section {list(section)} cannot be interleaved: height and width need their slots "
-            f"among the first {n} pairs (section[1], section[2] <= section[0] + ...); got section {section}"
+            f"mrope_section {list(section)} cannot be interleaved: height takes pairs 1, 4, 7, ... below "
+            f"3 * {section[1]} and width pairs 2, 5, 8, ... below 3 * {section[2]}, which must all lie among "
+            f"the {n} pairs"
         )
     return axes
 
@@ -92,6 +93,12 @@ class MRotaryEmbedding(nn.Module):
     ):
         super().__init__()
         section = _section(mrope_section)
+        _checks.even_int("head_dim", head_dim)
+        if rotary_dim is None and 2 * sum(section) > head_dim:
+            raise ValueError(
+                f"mrope_section {list(section)} has {sum(section)} pairs, more than head_dim={head_dim} "
+                f"holds ({head_dim // 2})"
+            )
         rotary_dim = 2 * sum(section) if rotary_dim is None else rotary_dim
         schedule = resolve_schedule(
             head_dim,
