@@ -355,6 +355,9 @@ READERS = {
     "qwen2_vl_text": _qwen_vl,
     "qwen2_5_vl_text": _qwen_vl,
     "qwen3_vl_text": _qwen_vl,
+    "qwen2_vl": _qwen_vl,  # early Qwen2-VL / Qwen2.5-VL config.json files are flat
+    "qwen2_5_vl": _qwen_vl,
+    "qwen3_vl": _qwen_vl,
     "deepseek_v3": _deepseek_v3,
 }
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
