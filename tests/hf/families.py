@@ -54,6 +54,27 @@ FAMILIES = {
             rope_parameters={"rope_type": "default", "rope_theta": 5e5},
         ),
     ),
+    "gemma4": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            COMMON,
+            global_head_dim=32,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=128,
+            num_kv_shared_layers=2,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": 0.25,
+                    "rope_theta": 1e6,
+                },
+            },
+        ),
+    ),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(COMMON, no_rope_layers=[1, 1, 1, 0])),
     "cohere2": (
         "Cohere2Config",

@@ -33,6 +33,9 @@ def wrong_plans(name, plan):
     """A plausible mistake per family: what an engine reading the config naively would do."""
     if name == "gemma3":  # one RoPE for all layers: the global base and scaling on sliding layers too
         return every_layer(plan, rope=plan[1].rope)
+    if name == "gemma4":  # "proportional" read as plain RoPE: every pair of the global head rotating
+        whole = dataclasses.replace(plan[1].rope, scaling=())
+        return tuple(dataclasses.replace(lp, rope=whole) if lp.attention == "full" else lp for lp in plan)
     if name in ("llama4", "smollm3"):  # RoPE on every layer (no_rope_layers read the wrong way round)
         return rope_everywhere(plan)
     if name == "cohere2":  # no RoPE at all
@@ -42,7 +45,7 @@ def wrong_plans(name, plan):
     raise KeyError(name)
 
 
-TEXT_FAMILIES = ["gemma3", "llama4", "smollm3", "cohere2", "deepseek_v3"]
+TEXT_FAMILIES = ["gemma3", "gemma4", "llama4", "smollm3", "cohere2", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("name", TEXT_FAMILIES)

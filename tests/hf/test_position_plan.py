@@ -152,6 +152,11 @@ def test_patch_model_refuses_what_it_cannot_apply():
     with pytest.raises(ValueError, match="pairs"):
         half = dataclasses.replace(plan[0].rope, layout="half")
         patch_model(model, plan=tuple(dataclasses.replace(lp, rope=half) for lp in plan))
+    with pytest.raises(ValueError, match="rotates 8 dimensions"):
+        partial = dataclasses.replace(plan[0].rope, rotary_dim=8)
+        patch_model(
+            model, plan=tuple(dataclasses.replace(lp, rope=partial if lp.rope else None) for lp in plan)
+        )
     with pytest.raises(ValueError, match="3 layers"):
         patch_model(model, plan=plan[:3])
     model, config = build("gemma3")
@@ -181,3 +186,20 @@ def test_llama4_temperature_follows_positions_under_left_padding():
     assert float((ours_alone - alone).abs().max()) <= TOL
     assert float((ours - alone).abs().max()) <= TOL
     assert float((hf - alone).abs().max()) > 1e-3
+
+
+def test_gemma4_proportional_rope_on_its_own_head_dim():
+    model, config = build("gemma4")
+    plan = position_plan(config)
+    hf = model.model.rotary_emb
+    for lp, layer_type in zip(plan, config.layer_types, strict=True):
+        inv = lp.rope.module().inv_freq
+        np.testing.assert_allclose(inv.numpy(), getattr(hf, f"{layer_type}_inv_freq").numpy(), rtol=1e-6)
+        assert lp.rope.head_dim == model.model.layers[lp.layer].self_attn.head_dim
+    full = plan[1].rope.module().inv_freq
+    # p-RoPE: all 16 pairs of the 32-dim head take part, the last 12 with frequency 0 (not a partial rotary)
+    assert plan[1].rope.rotary_dim == 32 and bool((full[4:] == 0).all()) and bool((full[:4] > 0).all())
+    assert all(lp.scale == 1.0 for lp in plan)
+    raw = {**config.to_dict(), "global_head_dim": 32}
+    raw.pop("per_layer_config")
+    assert position_plan(raw) == plan

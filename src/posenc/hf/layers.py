@@ -42,6 +42,7 @@ ADAPTERS = {
     "smollm3": _Adapter("half", rope_flag="use_rope"),
     "cohere2": _Adapter("pairs", fixed_rope="sliding_window"),
     "gemma3_text": _Adapter("half"),
+    "gemma4_text": _Adapter("half"),
     "qwen2_vl_text": _Adapter("half"),
     "qwen2_5_vl_text": _Adapter("half"),
     "qwen3_vl_text": _Adapter("half"),
@@ -140,6 +141,11 @@ def _check_plan(plan, layers, adapter: _Adapter, config, expected) -> None:
                 f"plan layer {lp.layer} pairs dimensions {lp.rope.layout!r}; this model's attention code "
                 f"pairs them {want_layout!r}"
             )
+        if lp.rope is not None and ex.rope is not None and lp.rope.rotary_dim != ex.rope.rotary_dim:
+            raise ValueError(
+                f"plan layer {lp.layer} rotates {lp.rope.rotary_dim} dimensions; this model's attention code "
+                f"rotates {ex.rope.rotary_dim} (a partial rotary cannot be expressed in its cos/sin)"
+            )
         if adapter.fixed_rope and lp.rope is not None and getattr(attn, adapter.fixed_rope) is None:
             raise ValueError(
                 f"plan layer {lp.layer} asks for RoPE, but this model's attention code rotates only the "
@@ -165,8 +171,12 @@ def _pre_hook(state: _State, lp: LayerPlan, width: int):
                 f"{type(module).__name__} was called without position_embeddings as a keyword, or before the "
                 "rotary module: patch_model cannot hand it posenc's positions"
             )
-        dtype = args[0].dtype if args else kwargs["hidden_states"].dtype
-        kwargs["position_embeddings"] = state.cos_sin(lp.rope, width, dtype)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        tables = state.cos_sin(lp.rope, width, hidden.dtype)
+        if isinstance(tables, tuple) and tables[0].shape[-2] != hidden.shape[-2]:
+            # Gemma 4 runs its KV-shared layers on the last logits_to_keep tokens only
+            tables = tuple(t[..., -hidden.shape[-2] :, :] for t in tables)
+        kwargs["position_embeddings"] = tables
         return args, kwargs
 
     return hook

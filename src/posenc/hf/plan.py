@@ -279,22 +279,54 @@ def _gemma3(config) -> tuple[LayerPlan, ...]:
     derived = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
     types = _layer_types(config, derived)
     per_type = _per_type_rope(config)
-    ropes = {}
-    for layer_type in sorted(set(types)):
-        if layer_type not in per_type:
-            raise ValueError(
-                f"config's rope_parameters has no entry for layer type {layer_type!r} "
-                f"(has {sorted(per_type)})"
-            )
-        flat = {
-            "model_type": _get(config, "model_type", default="gemma3_text"),
-            "head_dim": _head_dim(config),
-            "max_position_embeddings": _get(config, "max_position_embeddings"),
-            "rope_parameters": per_type[layer_type],
-        }
-        ropes[layer_type] = _rope(rope_settings(flat))
+    ropes = {t: _type_rope(config, per_type, t, _head_dim(config)) for t in sorted(set(types))}
     scale = _get(config, "query_pre_attn_scalar", default=_head_dim(config)) ** -0.5
     return tuple(LayerPlan(i, ropes[t], *_attention(t, config), scale=scale) for i, t in enumerate(types))
+
+
+def _global_head_dim(config) -> int:
+    """Gemma 4's head dimension on full-attention layers: ``global_head_dim`` in config.json, a
+    ``per_layer_config`` override in transformers' config (as a dict); else head_dim."""
+    value = _get(config, "global_head_dim")
+    if value is not None:
+        return value
+    overrides = _get(config, "per_layer_config")
+    if isinstance(overrides, Mapping):
+        for override in overrides.values():
+            if isinstance(override, Mapping) and "head_dim" in override:
+                return override["head_dim"]
+    return _head_dim(config)
+
+
+def _gemma4(config) -> tuple[LayerPlan, ...]:
+    """Gemma 3's layout, with "proportional" RoPE and their own head dimension on full layers, and a
+    softmax scale of 1 (q and k are RMS-normalised per head instead)."""
+    if not isinstance(config, Mapping):
+        # transformers' Gemma 4 config refuses global reads of per-layer attributes; its dict has them
+        config = config.to_dict()
+    n = _n_layers(config)
+    derived = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    types = _layer_types(config, derived)
+    if types[-1] != "full_attention":
+        types[-1] = "full_attention"  # as Gemma4TextConfig forces it
+    per_type = _per_type_rope(config)
+    head_dims = {"sliding_attention": _head_dim(config), "full_attention": _global_head_dim(config)}
+    ropes = {t: _type_rope(config, per_type, t, head_dims[t]) for t in sorted(set(types))}
+    return tuple(LayerPlan(i, ropes[t], *_attention(t, config), scale=1.0) for i, t in enumerate(types))
+
+
+def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
+    if layer_type not in per_type:
+        raise ValueError(
+            f"config's rope_parameters has no entry for layer type {layer_type!r} (has {sorted(per_type)})"
+        )
+    flat = {
+        "model_type": _get(config, "model_type", default=""),
+        "head_dim": head_dim,
+        "max_position_embeddings": _get(config, "max_position_embeddings"),
+        "rope_parameters": per_type[layer_type],
+    }
+    return _rope(rope_settings(flat))
 
 
 MROPE_SECTIONS = {"qwen2_vl": (16, 24, 24), "qwen2_5_vl": (16, 24, 24), "qwen3_vl": (24, 20, 20)}
@@ -352,6 +384,7 @@ READERS = {
     "smollm3": _smollm3,
     "cohere2": _cohere2,
     "gemma3_text": _gemma3,
+    "gemma4_text": _gemma4,
     "qwen2_vl_text": _qwen_vl,
     "qwen2_5_vl_text": _qwen_vl,
     "qwen3_vl_text": _qwen_vl,
@@ -362,12 +395,13 @@ READERS = {
 }
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
 
-_COMPOSITE = {"llama4", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
+_COMPOSITE = {"llama4", "gemma3", "gemma4", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
 _HANDLED_KEYS = {
     "rope_parameters",
     "rope_scaling",
     "rope_theta",
     "rope_local_base_freq",
+    "global_head_dim",
     "no_rope_layers",
     "no_rope_layer_interval",
     "qk_rope_head_dim",
