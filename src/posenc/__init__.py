@@ -12,6 +12,7 @@ from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import ALiBi, alibi_slopes
 from .rope import (
+    AxialRotaryEmbedding,
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryKVCache,
@@ -32,6 +33,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "ALiBi",
+    "AxialRotaryEmbedding",
     "LearnedEmbedding",
     "MRotaryEmbedding",
     "NoPositionalEncoding",

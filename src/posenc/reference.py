@@ -213,3 +213,45 @@ def mrope(
         out[..., first[k]] = a * cos - b * sin
         out[..., second[k]] = a * sin + b * cos
     return out
+
+
+def axial_frequencies(head_dim: int, axes: int = 2, base: float = 100.0) -> np.ndarray:
+    """RoPE-Axial frequencies (Heo et al. 2024, arxiv.org/abs/2403.13298, eq. 9-10). Shape (axes, 1,
+    head_dim/2).
+
+    The head_dim/2 pairs are split into ``axes`` equal blocks; pair j of block a turns with
+    base^(-2 * axes * j / head_dim) along axis a and not at all along the other axes.
+    """
+    m = head_dim // (2 * axes)
+    freqs = np.zeros((axes, 1, head_dim // 2))
+    for a in range(axes):
+        for j in range(m):
+            freqs[a, 0, a * m + j] = base ** (-2.0 * axes * j / head_dim)
+    return freqs
+
+
+def axial_rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    freqs: np.ndarray,
+    layout: str = "interleaved",
+    prefix_tokens: int = 0,
+) -> np.ndarray:
+    """RoPE on a grid of patches (Heo et al. 2024, eq. 9-12). x: (batch, heads, prefix_tokens + N, d);
+    positions: (N, axes) coordinates; freqs: (axes, heads or 1, d/2).
+
+    Pair k of head h of the token at p is rotated by theta = sum_a p_a * freqs[a, h, k] (axial: each
+    pair follows one axis; RoPE-Mixed: learned mixtures). The first ``prefix_tokens`` tokens (class and
+    register tokens) are not rotated.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    pos = np.asarray(positions, dtype=np.float64)
+    theta = np.einsum("na,ahk->hnk", pos, np.asarray(freqs, dtype=np.float64))  # (heads, N, d/2)
+    first, second = _pair_indices(x.shape[-1], layout)
+    out = x.copy()
+    grid = slice(prefix_tokens, None)
+    a, b = x[..., grid, :][..., first], x[..., grid, :][..., second]
+    cos, sin = np.cos(theta), np.sin(theta)
+    out[..., grid, first] = a * cos - b * sin
+    out[..., grid, second] = a * sin + b * cos
+    return out

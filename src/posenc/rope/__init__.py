@@ -5,9 +5,11 @@
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
-- :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions.
+- :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions;
+- :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed.
 """
 
+from .axial import AxialRotaryEmbedding
 from .cache import RotaryKVCache, rerotate_keys
 from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
@@ -15,6 +17,7 @@ from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
 
 __all__ = [
+    "AxialRotaryEmbedding",
     "MRotaryEmbedding",
     "RotaryEmbedding",
     "RotaryKVCache",
