@@ -203,3 +203,31 @@ def test_gemma4_proportional_rope_on_its_own_head_dim():
     raw = {**config.to_dict(), "global_head_dim": 32}
     raw.pop("per_layer_config")
     assert position_plan(raw) == plan
+
+
+def test_llama4_scout_equal_freq_factors():
+    # Llama 4 Scout's published rope_scaling has high_freq_factor == low_freq_factor (an empty blend band);
+    # typed here, no download. Frequencies equal transformers' llama3 computation for it.
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = {
+        "factor": 16.0,
+        "high_freq_factor": 1.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    }
+    raw = {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 4,
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "max_position_embeddings": 10485760,
+        "rope_theta": 500000.0,
+        "rope_scaling": scaling,
+    }
+    plan = position_plan(raw)
+    config = transformers.Llama4TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    np.testing.assert_allclose(plan[0].rope.module().inv_freq.numpy(), want.numpy(), rtol=2.5e-6)

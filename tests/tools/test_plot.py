@@ -76,3 +76,114 @@ def test_bad_arguments(tmp_path, capsys, flag, value, word):
     assert args.func(args) == 2
     assert word in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ plot plan
+LLAMA4 = {
+    "model_type": "llama4",
+    "text_config": {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 8,
+        "head_dim": 64,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "attention_chunk_size": 8192,
+        "max_position_embeddings": 1048576,
+        "rope_theta": 500000.0,
+        "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0],
+    },
+}
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 6,
+    "head_dim": 32,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "sliding_window": 1024,
+    "sliding_window_pattern": 3,
+}
+
+
+def test_plan_figure_shows_each_layer_and_each_rope():
+    from posenc.hf import position_plan
+
+    plan = position_plan(GEMMA3)
+    fig = plots.plan_figure(plan, "gemma3", context=131072)
+    top, bottom = fig.axes
+    assert top.get_title() == "gemma3: encoding and attention span per layer"
+    bars = [bar for container in top.containers for bar in container]
+    assert len(bars) == 6 and top.get_yscale() == "log"
+    assert sorted((round(b.get_x() + b.get_width() / 2), b.get_height()) for b in bars) == [
+        (0, 1024),
+        (1, 1024),
+        (2, 131072),
+        (3, 1024),
+        (4, 1024),
+        (5, 131072),
+    ]
+    labels = [t.get_text() for t in top.get_legend().get_texts()]
+    assert len(labels) == 2 and "linear x8" in labels[1] and "base=10000" in labels[0]
+    # one spectrum per distinct RoPE: local base 1e4, global base 1e6 stretched x8 by linear scaling
+    local, global_ = bottom.get_lines()
+    np.testing.assert_allclose(local.get_ydata(), 2 * np.pi / R.inverse_frequencies(32, 1e4))
+    np.testing.assert_allclose(global_.get_ydata(), 8 * 2 * np.pi / R.inverse_frequencies(32, 1e6))
+    assert bottom.get_title() == "RoPE wavelength spectrum of each layer type"
+
+
+def test_plan_figure_marks_nope_and_chunked_layers():
+    from posenc.hf import position_plan
+
+    fig = plots.plan_figure(position_plan(LLAMA4), "llama4", context=1048576)
+    top, bottom = fig.axes
+    rope_bars, nope_bars = top.containers
+    assert [round(b.get_x() + 0.4) for b in nope_bars] == [3, 7]
+    assert all(b.get_height() == 1048576 for b in nope_bars)
+    assert all(b.get_height() == 8192 and b.get_hatch() == "//" for b in rope_bars)
+    assert [t.get_text() for t in top.get_legend().get_texts()][1] == "NoPE"
+    assert len(bottom.get_lines()) == 1  # NoPE layers have no spectrum
+
+
+def test_plan_summary_one_line_per_layer_type():
+    from posenc.hf import position_plan
+
+    lines = plots.plan_summary(position_plan(LLAMA4))
+    assert len(lines) == 2
+    assert lines[0].startswith("  6 layer(s) [0,1,2,4,5,6]: RoPE(base=500000") and "chunked 8192" in lines[0]
+    assert lines[1] == "  2 layer(s) [3,7]: NoPE | full | query x log1p(floor((p+1)/8192))*0.1+1"
+
+
+def test_plan_command_reads_a_file_and_the_local_cache(tmp_path, capsys, monkeypatch):
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(GEMMA3))
+    out = tmp_path / "plan.png"
+    args = parser().parse_args(["plot", "plan", str(config), "--out", str(out)])
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 3 and printed[-1] == str(out) and out.read_bytes()[:4] == b"\x89PNG"
+    # a model id found in a Hugging Face cache folder (laid out as huggingface_hub lays it out)
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--org--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(LLAMA4))
+    (cache / "models--org--tiny" / "refs").mkdir()
+    (cache / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    args = parser().parse_args(["plot", "plan", "org/tiny", "--out", str(tmp_path / "p2.png")])
+    assert args.func(args) == 0
+    assert "NoPE" in capsys.readouterr().out
+
+
+def test_plan_command_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    args = parser().parse_args(["plot", "plan", "org/not-here", "--out", str(tmp_path / "x.png")])
+    assert args.func(args) == 2
+    assert "never downloads" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "num_hidden_layers": 2, "head_dim": 16, "rope_magic": 1}')
+    args = parser().parse_args(["plot", "plan", str(bad), "--out", str(tmp_path / "x.png")])
+    assert args.func(args) == 2
+    assert "'rope_magic'" in capsys.readouterr().err

@@ -7,6 +7,12 @@ leaves the fastest pair and lifts the slowest by the factor, smoothly in between
 the pairs that turn many times within the original context, interpolate those that turn less than
 once, and ramp in between.
 
+``posenc plot plan CONFIG [--out FILE.png]`` draws a model's per-layer position plan
+(:func:`posenc.hf.position_plan`): one bar per layer, as high as the keys it attends to (its window, or
+the whole context), coloured by its encoding, and each layer type's RoPE wavelength spectrum. CONFIG is
+a config.json file or a model id already in the local Hugging Face cache (nothing is downloaded). It
+prints one line per layer type.
+
 matplotlib is imported only when a figure is built; figures are plain ``matplotlib.figure.Figure``
 objects (no pyplot state, no display needed).
 """
@@ -27,7 +33,16 @@ import posenc
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["add_commands", "frequency_figure", "plot_frequencies", "save_figure", "wavelengths"]
+__all__ = [
+    "add_commands",
+    "frequency_figure",
+    "load_config",
+    "plan_figure",
+    "plan_summary",
+    "plot_frequencies",
+    "save_figure",
+    "wavelengths",
+]
 
 
 def _scalings(factor: float, original_length: int) -> dict[str, dict]:
@@ -126,6 +141,121 @@ def _frequencies_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_config(spec: str) -> dict:
+    """A config.json as a dict: ``spec`` is a path to the file (or to a folder holding it) or a model id
+    in the local Hugging Face cache (``HF_HUB_CACHE`` or the default folder); never downloads."""
+    import json
+    import os
+
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError as err:
+            raise ValueError(f"{spec!r} is not a file, and model ids need huggingface_hub installed") from err
+        cached = try_to_load_from_cache(spec, "config.json", cache_dir=os.environ.get("HF_HUB_CACHE"))
+        if not isinstance(cached, str):
+            raise ValueError(
+                f"config {spec!r} is neither a config.json file nor a model in the local Hugging Face cache "
+                "(posenc never downloads: fetch it first, or give the path to its config.json)"
+            )
+        path = Path(cached)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"config {str(path)!r} is not valid JSON: {err}") from err
+
+
+def _layer_types(plan) -> dict[str, list[int]]:
+    """Layers grouped by what they do: description (the plan entry without its index) -> layer indices."""
+    groups: dict[str, list[int]] = {}
+    for lp in plan:
+        groups.setdefault(repr(lp).split(": ", 1)[1], []).append(lp.layer)
+    return groups
+
+
+def plan_summary(plan) -> list[str]:
+    """One line per layer type: its layers and what they do."""
+    lines = []
+    for what, layers in _layer_types(plan).items():
+        shown = ",".join(map(str, layers)) if len(layers) <= 12 else f"{layers[0]}..{layers[-1]}"
+        lines.append(f"{len(layers):3d} layer(s) [{shown}]: {what}")
+    return lines
+
+
+def _wavelengths_of(rope) -> np.ndarray:
+    """2 pi / omega_k of a plan's Rope, inf for pairs that do not turn (NoPE fraction of p-RoPE)."""
+    module = rope.module()
+    inv = module.inv_freq64 if hasattr(module, "inv_freq64") else module.frequencies()[0]
+    inv = inv.numpy()
+    with np.errstate(divide="ignore"):
+        return np.where(inv > 0, 2 * math.pi / inv, np.inf)
+
+
+def plan_figure(plan, title: str = "", context: int | None = None) -> Figure:
+    """Two axes: (1) one bar per layer, height = the keys a query sees (its window or chunk, else
+    ``context``), colour = its encoding (legend: each distinct encoding); (2) one line per distinct RoPE:
+    wavelength of each pair, log scale (pairs that do not turn are left out)."""
+    from matplotlib.figure import Figure
+
+    encodings = list(dict.fromkeys(repr(lp.rope) if lp.rope else "NoPE" for lp in plan))
+    context = context or max([lp.window or 0 for lp in plan] + [1]) * 4
+    fig = Figure(figsize=(9, 7), dpi=110)
+    top, bottom = fig.subplots(2, 1)
+    colours = {e: f"C{i}" for i, e in enumerate(encodings)}
+    for name in encodings:
+        layers = [lp for lp in plan if (repr(lp.rope) if lp.rope else "NoPE") == name]
+        top.bar(
+            [lp.layer for lp in layers],
+            [lp.window or context for lp in layers],
+            color=colours[name],
+            label=name,
+            hatch=["//" if lp.attention == "chunked" else "" for lp in layers],
+        )
+    top.set_yscale("log")
+    top.set_xlabel("layer")
+    top.set_ylabel("keys seen (window, chunk or context)")
+    top.set_title(f"{title}: encoding and attention span per layer".lstrip(": "))
+    top.legend(fontsize=7, loc="upper left")
+    ropes = list(dict.fromkeys(lp.rope for lp in plan if lp.rope is not None))
+    for rope in ropes:
+        waves = _wavelengths_of(rope)
+        bottom.plot(
+            np.arange(len(waves)),
+            np.where(np.isfinite(waves), waves, np.nan),
+            color=colours[repr(rope)],
+            label=repr(rope),
+        )
+    bottom.set_yscale("log")
+    bottom.set_xlabel("dimension pair k (fast to slow)")
+    bottom.set_ylabel("wavelength 2\u03c0/\u03c9\u2096 (tokens)")
+    bottom.set_title("RoPE wavelength spectrum of each layer type")
+    if ropes:
+        bottom.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _plan_command(args: argparse.Namespace) -> int:
+    from posenc.hf import position_plan, text_config
+
+    try:
+        raw = load_config(args.config)
+        plan = position_plan(raw)
+        text = text_config(raw)
+        title = f"{args.config} ({text.get('model_type', '?')}, {len(plan)} layers)"
+        fig = plan_figure(plan, title, text.get("max_position_embeddings"))
+    except ValueError as err:
+        print(f"posenc plot plan: error: {err}", file=sys.stderr)
+        return 2
+    for line in plan_summary(plan):
+        print(line)
+    print(save_figure(fig, args.out))
+    return 0
+
+
 def add_commands(subparsers) -> None:
     """Add ``posenc plot`` and its kinds (``frequencies``)."""
     plot = subparsers.add_parser("plot", help="draw pictures of positional encodings")
@@ -144,3 +274,11 @@ def add_commands(subparsers) -> None:
     )
     freq.add_argument("--out", default="frequencies.png", help="output PNG file (default frequencies.png)")
     freq.set_defaults(func=_frequencies_command)
+    plan = kinds.add_parser(
+        "plan",
+        help="a model's per-layer position plan: encoding and window per layer, RoPE spectra",
+        description=__doc__.split("\n\n")[2],
+    )
+    plan.add_argument("config", help="config.json path, or a model id in the local Hugging Face cache")
+    plan.add_argument("--out", default="plan.png", help="output PNG file (default plan.png)")
+    plan.set_defaults(func=_plan_command)
