@@ -163,13 +163,11 @@ def decode(model, ids, split: int, position_ids=None, **kwargs) -> list[torch.Te
         return None if position_ids is None else position_ids[..., a:b]
 
     out = model(input_ids=ids[:, :split], position_ids=pos(0, split), use_cache=True, **kwargs)
-    steps, cache = [_last(out)], out.past_key_values
+    steps, cache = [_last(out)], out.cache
     for t in range(split, ids.shape[1]):
-        out = model(
-            input_ids=ids[:, t : t + 1], position_ids=pos(t, t + 1), past_key_values=cache, use_cache=True
-        )
+        out = model(input_ids=ids[:, t : t + 1], position_ids=pos(t, t + 1), cache=cache, use_cache=True)
         steps.append(_last(out))
-        cache = out.past_key_values
+        cache = out.cache
     return steps
 
 

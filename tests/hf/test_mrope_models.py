@@ -23,17 +23,15 @@ SECONDS = torch.tensor([1.5, 1.5])
 def run(model, ids, mask, positions, deltas, steps: int = 4):
     """Prefill output, then ``steps`` cached decoding steps' last outputs."""
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-    outs, cache = [out.last_hidden_state], out.past_key_values
+    outs, cache = [out.last_hidden_state], out.cache
     seen = mask.sum(-1)
     for t in range(steps):
         mask = torch.cat([mask, torch.ones(mask.shape[0], 1, dtype=mask.dtype)], dim=-1)
         nxt = torch.full((ids.shape[0], 1), 5 + t)
         pos = mrope_decode_positions(deltas, seen + t)
-        out = model(
-            input_ids=nxt, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
-        )
+        out = model(input_ids=nxt, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
         outs.append(out.last_hidden_state)
-        cache = out.past_key_values
+        cache = out.cache
     return outs
 
 
