@@ -231,17 +231,7 @@ def mrope_positions(
     """
     types = _token_types(token_types, attention_mask)
     merge = _checks.positive_int("spatial_merge_size", spatial_merge_size)
-    grids = {IMAGE: _grids("image_grids", image_grids), VIDEO: _grids("video_grids", video_grids)}
-    seconds = [1.0] * len(grids[VIDEO]) if video_seconds is None else [float(s) for s in video_seconds]
-    if len(seconds) != len(grids[VIDEO]):
-        raise ValueError(f"video_seconds must give one value per video ({len(grids[VIDEO])}), got {seconds}")
-    if video_seconds is not None and tokens_per_second is None:
-        raise ValueError("video_seconds needs tokens_per_second (Qwen2.5-VL's vision_config value), got None")
-    steps = {IMAGE: [1.0] * len(grids[IMAGE]), VIDEO: [(tokens_per_second or 1) * s for s in seconds]}
-    if split_video_frames:
-        frames = [(g, s) for g, s in zip(grids[VIDEO], steps[VIDEO], strict=True) for _ in range(g[0])]
-        grids[VIDEO], steps[VIDEO] = [(1, g[1], g[2]) for g, _ in frames], [s for _, s in frames]
-    queues = {kind: list(zip(grids[kind], steps[kind], strict=True)) for kind in (IMAGE, VIDEO)}
+    queues = _grid_queues(image_grids, video_grids, video_seconds, tokens_per_second, split_video_frames)
     mask = torch.ones_like(types, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     positions = torch.zeros(3, *types.shape, dtype=torch.long)
     deltas = torch.zeros(types.shape[0], 1, dtype=torch.long)
@@ -254,6 +244,21 @@ def mrope_positions(
         if queues[kind]:
             raise ValueError(f"{name} has {len(queues[kind])} grid(s) left over after the last token run")
     return positions.to(token_types.device), deltas.to(token_types.device)
+
+
+def _grid_queues(image_grids, video_grids, video_seconds, tokens_per_second, split_video_frames) -> dict:
+    """{kind: [((t, h, w), time step), ...]} in order of appearance: the grids the token runs consume."""
+    grids = {IMAGE: _grids("image_grids", image_grids), VIDEO: _grids("video_grids", video_grids)}
+    seconds = [1.0] * len(grids[VIDEO]) if video_seconds is None else [float(s) for s in video_seconds]
+    if len(seconds) != len(grids[VIDEO]):
+        raise ValueError(f"video_seconds must give one value per video ({len(grids[VIDEO])}), got {seconds}")
+    if video_seconds is not None and tokens_per_second is None:
+        raise ValueError("video_seconds needs tokens_per_second (Qwen2.5-VL's vision_config value), got None")
+    steps = {IMAGE: [1.0] * len(grids[IMAGE]), VIDEO: [(tokens_per_second or 1) * s for s in seconds]}
+    if split_video_frames:  # Qwen3-VL: each frame its own grid (t = 1), placed after its timestamp text
+        frames = [(g, s) for g, s in zip(grids[VIDEO], steps[VIDEO], strict=True) for _ in range(g[0])]
+        grids[VIDEO], steps[VIDEO] = [(1, g[1], g[2]) for g, _ in frames], [s for _, s in frames]
+    return {kind: list(zip(grids[kind], steps[kind], strict=True)) for kind in (IMAGE, VIDEO)}
 
 
 def _sequence_positions(types: list[int], queues, merge: int) -> torch.Tensor:
