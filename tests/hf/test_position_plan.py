@@ -159,6 +159,12 @@ def test_patch_model_refuses_what_it_cannot_apply():
         )
     with pytest.raises(ValueError, match="3 layers"):
         patch_model(model, plan=plan[:3])
+    with pytest.raises(ValueError, match="plan="):
+        patch_model(model, rotary=plan[0].rope.module())
+    patch_model(model)
+    with pytest.raises(ValueError, match="already patched"):
+        patch_model(model)
+    unpatch_model(model)
     model, config = build("gemma3")
     plan = position_plan(config)
     temperature = position_plan(config_of("llama4"))[3].temperature

@@ -42,28 +42,28 @@ def _gptj_forward(module, x, position_ids, *args, **kwargs):
 def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     """Make a transformers model take its positions from posenc. Returns the model.
 
-    For the families with per-layer plans (Llama 4, Gemma 3, Cohere2, SmolLM3, DeepSeek V3, Qwen2-VL,
-    Qwen2.5-VL, Qwen3-VL; :data:`posenc.hf.layers.ADAPTERS`), or whenever ``plan`` is given, every
-    attention layer gets the positions of its :class:`~posenc.hf.plan.LayerPlan` (``plan``, default
-    :func:`~posenc.hf.plan.position_plan` of the model's config): posenc's cos/sin (identity on NoPE
-    layers), softmax scale and query temperature (:mod:`posenc.hf.layers`).
+    For the families with per-layer plans (Llama 4, Gemma 3, Gemma 4, Cohere2, SmolLM3, DeepSeek V3,
+    Qwen2-VL, Qwen2.5-VL, Qwen3-VL; :data:`posenc.hf.layers.ADAPTERS`), every attention layer gets the
+    positions of its :class:`~posenc.hf.plan.LayerPlan` (``plan``, default :func:`position_plan` of the
+    model's config): posenc's cos/sin (identity on NoPE layers), softmax scale and query temperature
+    (:mod:`posenc.hf.layers`). A ``plan`` differing from the config's is applied as far as the model's
+    attention code allows, and refused (ValueError) beyond that.
 
-    Every ``*RotaryEmbedding`` submodule gets a posenc :class:`RotaryEmbedding` (built from its config by
-    :func:`rotary_from_config`, or ``rotary``), stored as its ``posenc_rotary`` child, and a forward that
-    returns posenc's cos/sin in the shape and order that family's attention code expects. Logits match the
-    unpatched model to float32 rounding (tests/test_hf_parity.py); the angles are formed in float64, so at
-    positions past ~10^5 posenc's are the accurate ones. Length-dependent methods use 1 + the largest
-    position of the call, as transformers does. Undo with :func:`unpatch_model`.
+    For every other family, each ``*RotaryEmbedding`` submodule gets a posenc :class:`RotaryEmbedding`
+    (built from its config by :func:`rotary_from_config`, or ``rotary``), stored as its ``posenc_rotary``
+    child, and a forward that returns posenc's cos/sin in the shape and order that family's attention code
+    expects.
+
+    Logits match the unpatched model to float32 rounding (tests/test_hf.py, tests/hf/); the angles are
+    formed in float64, so at positions past ~10^5 posenc's are the accurate ones. Length-dependent methods
+    use 1 + the largest position of the call, as transformers does. Undo with :func:`unpatch_model`.
     """
     config = text_config(getattr(model, "config", None) or {})
-    if rotary is None and (plan is not None or getattr(config, "model_type", "") in ADAPTERS):
-        if getattr(config, "model_type", "") not in ADAPTERS:
-            raise ValueError(
-                f"patch_model applies plans to {', '.join(sorted(ADAPTERS))}; got model_type "
-                f"{getattr(config, 'model_type', None)!r}"
-            )
-        expected = position_plan(config)
-        patch_layers(model, expected if plan is None else tuple(plan), config, expected)
+    model_type = getattr(config, "model_type", "")
+    if any(hasattr(m, "_posenc_saved") or hasattr(m, "posenc_rotary") for m in model.modules()):
+        raise ValueError("model is already patched: call posenc.hf.unpatch_model(model) first")
+    if model_type in ADAPTERS or plan is not None:
+        _patch_planned(model, config, model_type, rotary, plan)
         return model
     found = []
     targets = [
@@ -95,6 +95,20 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     if not found:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
     return model
+
+
+def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
+    if model_type not in ADAPTERS:
+        raise ValueError(
+            f"patch_model applies plans to {', '.join(sorted(ADAPTERS))}; got model_type {model_type!r}"
+        )
+    if rotary is not None:
+        raise ValueError(
+            f"rotary= replaces the one RoPE of single-RoPE families; {model_type} has a per-layer plan: "
+            "pass plan= (see posenc.hf.position_plan)"
+        )
+    expected = position_plan(config)
+    patch_layers(model, expected if plan is None else tuple(plan), config, expected)
 
 
 def unpatch_model(model):
