@@ -169,3 +169,43 @@ def test_bad_arguments():
         mrope_positions(torch.tensor([[0, 0]]), image_grids=[[1, 2, 2]])
     with pytest.raises(ValueError, match="token_types"):
         mrope_positions(torch.tensor([[0, 3]]))
+
+
+@st.composite
+def layouts(draw):
+    """Random Qwen2-VL sequences: text runs between image and video grids, time extents within the grid
+    (where Qwen's rule and transformers 5.24 agree), some left padding on the second sequence."""
+    runs, images, videos = [], [], []
+    for _ in range(draw(st.integers(1, 4))):
+        runs += [0] * draw(st.integers(1, 3))
+        h, w = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            images.append([1, 2 * h, 2 * w])
+            runs += [1] * (h * w)
+        else:
+            t = draw(st.integers(1, max(h, w)))
+            videos.append([t, 2 * h, 2 * w])
+            runs += [2] * (t * h * w)
+    runs += [0] * draw(st.integers(0, 2))
+    pad = draw(st.integers(0, 3))
+    types_ = torch.tensor([runs + [0] * pad, [0] * pad + runs])
+    mask = torch.ones_like(types_)
+    mask[0, len(runs) :] = 0
+    mask[1, :pad] = 0
+    return types_, mask, images, videos
+
+
+@settings(max_examples=30, deadline=None)
+@given(layout_=layouts())
+def test_random_layouts_match_transformers(layout_):
+    types_, mask, images, videos = layout_
+    images2, videos2 = images + images, videos + videos  # both sequences hold the same grids
+    grids = {
+        "images": torch.tensor(images2) if images2 else None,
+        "videos": torch.tensor(videos2) if videos2 else None,
+    }
+    want, want_deltas = hf_rope_index("qwen2_vl", types_, mask=mask, **grids)
+    got, deltas = mrope_positions(
+        types_, grids["images"], grids["videos"], attention_mask=mask, spatial_merge_size=MERGE
+    )
+    assert torch.equal(got, want) and torch.equal(deltas, want_deltas)
