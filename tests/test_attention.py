@@ -243,3 +243,77 @@ def test_blocked_errors_name_the_argument():
         alibi_attention_blocked(q, torch.randn(1, 3, 5, 8), torch.randn(1, 3, 5, 8), slopes)
     with pytest.raises(ValueError, match="v must be a floating tensor"):
         alibi_attention_blocked(q, k, k[0], slopes)
+
+
+def _rope_reference(q, k, v, q_pos, k_pos, allowed, layout="half"):
+    """numpy: rotate q and k at their positions (posenc.reference.rope), then softmax over allowed keys."""
+    qr = reference.rope(q.double().numpy(), q_pos, layout=layout)
+    kr = reference.rope(k.double().numpy(), k_pos, layout=layout)
+    g = q.shape[1] // k.shape[1]
+    kr, vv = np.repeat(kr, g, axis=1), np.repeat(v.double().numpy(), g, axis=1)
+    scores = qr @ kr.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    scores = np.where(allowed, scores, -np.inf)
+    return reference.softmax(scores) @ vv
+
+
+@pytest.mark.parametrize("offset", [0, 7])
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_rope_decoding_queries_take_the_last_positions(q_len, offset):
+    """q holds the last q_len tokens, k the whole cache (unrotated): equal to the full pass, sliced."""
+    rope = RotaryEmbedding(16, layout="half")
+    gen = torch.Generator().manual_seed(q_len + offset)
+    q, k, v = (torch.randn(2, h, 12, 16, generator=gen) for h in (4, 2, 2))
+    full = posenc.attention(q, k, v, rotary=rope, offset=offset)
+    step = posenc.attention(q[:, :, -q_len:], k, v, rotary=rope, offset=offset)
+    torch.testing.assert_close(step, full[:, :, -q_len:], rtol=0, atol=2e-6)
+    pos = offset + np.arange(12)
+    allowed = pos[-q_len:, None] >= pos[None, :]
+    want = _rope_reference(q[:, :, -q_len:], k, v, pos[-q_len:], pos, allowed)
+    np.testing.assert_allclose(step.double().numpy(), want, atol=2e-5)
+
+
+def test_batched_decoding_with_left_padding_equals_each_sequence_alone():
+    """Per-sequence positions for q and for k plus a boolean padding mask: each row of the batch gives what
+    that sequence gives unpadded."""
+    rope = RotaryEmbedding(16, layout="interleaved")
+    lengths, total = [9, 5], 9
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, total, 16, generator=gen) for h in (4, 2, 2))
+    pad = torch.tensor([total - n for n in lengths])
+    k_pos = (torch.arange(total)[None] - pad[:, None]).clamp(min=0)  # left padding sits at position 0
+    keep = torch.arange(total)[None] >= pad[:, None]  # (batch, k_len): True for real tokens
+    mask = keep[:, None, None, :]  # (batch, 1, 1, k_len), broadcast over heads and queries
+    out = posenc.attention(
+        q[:, :, -1:], k, v, rotary=rope, positions=k_pos[:, -1:], k_positions=k_pos, bias=mask
+    )
+    for b, n in enumerate(lengths):
+        alone = posenc.attention(
+            q[b : b + 1, :, -n:], k[b : b + 1, :, -n:], v[b : b + 1, :, -n:], rotary=rope
+        )
+        torch.testing.assert_close(out[b : b + 1], alone[:, :, -1:], rtol=0, atol=2e-6)
+
+
+def test_boolean_bias_means_may_attend_as_in_sdpa():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 6, 8, generator=gen) for _ in range(3))
+    allowed = torch.rand(1, 2, 6, 6, generator=gen) > 0.3
+    allowed[..., 0] = True
+    got = posenc.attention(q, k, v, bias=allowed, causal=False)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+    # causal and a boolean mask combine; a row that may attend to nothing gives zeros, never NaN
+    allowed[0, 0, 3] = False
+    got = posenc.attention(q, k, v, bias=allowed, causal=True)
+    assert torch.isfinite(got).all() and torch.equal(got[0, 0, 3], torch.zeros(8))
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed & causal)
+    torch.testing.assert_close(got[0, 1], want[0, 1])
+    with pytest.raises(ValueError, match=r"bias must be a boolean mask .* got dtype torch.int64"):
+        posenc.attention(q, k, v, bias=allowed.long())
+
+
+@pytest.mark.parametrize("scheme", ["none", "rope", "alibi"])
+def test_empty_queries_give_empty_output_for_every_scheme(scheme):
+    q, k = torch.randn(1, 2, 0, 8), torch.randn(1, 2, 0, 8)
+    kwargs = {"rope": {"rotary": RotaryEmbedding(8)}, "alibi": {"bias": ALiBi(2)}, "none": {}}[scheme]
+    out = posenc.attention(q, k, torch.randn(1, 2, 0, 4), **kwargs)
+    assert out.shape == (1, 2, 0, 4)

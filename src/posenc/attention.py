@@ -98,9 +98,14 @@ def _check_qkv(q, k, v, causal: bool) -> None:
         _checks.tensor_rank(name, t, 4)
         if t.dim() != 4:
             raise ValueError(f"{name} must have shape (batch, heads, seq, dim), got {tuple(t.shape)}")
-    if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
+    if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1] or k.shape[0] != v.shape[0]:
         raise ValueError(
-            f"k and v must have the same heads and length, got {tuple(k.shape)} and {tuple(v.shape)}"
+            f"k and v must have the same batch, heads and length, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q and k must have the same batch size and head_dim, got q {tuple(q.shape)} and k "
+            f"{tuple(k.shape)}"
         )
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q's head count {q.shape[1]} must be a multiple of k's {k.shape[1]}")
@@ -108,17 +113,24 @@ def _check_qkv(q, k, v, causal: bool) -> None:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q.shape[-2]} > {k.shape[-2]}")
 
 
-def _rotate(rotary: RotaryEmbedding, q, k, positions, offset: int):
-    """q and k rotated; with q shorter than k the queries take the last q_len key positions (bottom-right)."""
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    if q_len == k_len or positions is not None:
-        return rotary(q, k, positions=positions, offset=offset)
-    _checks.non_negative_int("offset", offset)
-    context = offset + k_len  # one schedule for q and k under length-dependent scaling
-    return (
-        rotary.rotate(q, offset=offset + k_len - q_len, context_len=context),
-        rotary.rotate(k, offset=offset, context_len=context),
-    )
+def _mask_tensor(bias: torch.Tensor, q: torch.Tensor, causal: bool, k_len: int):
+    """A bias tensor as SDPA's attn_mask: boolean True = may attend; float added to the scores.
+
+    Returns (mask, rows): rows is None, or for a boolean mask the (..., q_len, 1) rows that may attend to
+    some key (a row that may attend to none gets zeros, not the NaN of a softmax over nothing).
+    """
+    if bias.dtype == torch.bool:
+        mask = bias if not causal else bias & _causal_mask(q.shape[-2], k_len, q.device)
+        return mask, mask.any(-1, keepdim=True)
+    if not bias.is_floating_point():
+        raise ValueError(
+            f"bias must be a boolean mask (True = may attend) or a float tensor added to the scores, "
+            f"got dtype {bias.dtype}"
+        )
+    mask = bias.to(q.dtype)
+    if causal:
+        mask = mask.masked_fill(~_causal_mask(q.shape[-2], k_len, q.device), -math.inf)
+    return mask, None
 
 
 def attention(
@@ -130,6 +142,7 @@ def attention(
     bias: ALiBi | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
     offset: int = 0,
     scale: float | None = None,
 ) -> torch.Tensor:
@@ -137,32 +150,38 @@ def attention(
 
     Args:
         q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim);
-            v: (batch, kv_heads, k_len, v_dim).
-            kv_heads may divide heads (grouped-query attention).
-        rotary: rotate q and k at ``positions`` (default 0 .. len-1) before attending.
-        bias: an :class:`ALiBi` module, or a float tensor broadcastable to (batch, heads, q_len, k_len).
+            v: (batch, kv_heads, k_len, v_dim). kv_heads may divide heads (grouped-query attention).
+        rotary: a :class:`RotaryEmbedding` that rotates q and k before attending.
+        bias: an :class:`ALiBi` module; a boolean mask broadcastable to (batch, heads, q_len, k_len), True
+            where a query may attend (as ``scaled_dot_product_attention``'s ``attn_mask``); or a float tensor
+            added to the scores.
         causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
-        positions: (q_len,) or (batch, q_len) positions for the rotary embedding (q and k of one length).
-        offset: position of the first key (decoding with a cache of unrotated keys: 0; a sliding chunk: its
-            start). Keys sit at offset .. offset+k_len-1 and queries at the last q_len of those positions,
-            as the causal mask places them.
-        scale: score scale, default 1/sqrt(head_dim).
+        positions: (q_len,) or (batch, q_len) query positions for the rotary embedding; default: the last
+            q_len of the key positions.
+        k_positions: (k_len,) or (batch, k_len) key positions (batched decoding with left padding); default
+            ``positions`` when q and k have one length, else offset .. offset+k_len-1.
+        offset: position of the first key when no positions are given (decoding with a cache of unrotated
+            keys: 0; a sliding chunk: its start).
+        scale: score scale, default 1/sqrt(head_dim) (T5 uses 1.0).
 
     Returns:
         (batch, heads, q_len, v_dim).
     """
     _check_qkv(q, k, v, causal)
     if rotary is not None:
-        q, k = _rotate(rotary, q, k, positions, offset)
-    elif positions is not None or offset:
+        if not isinstance(rotary, RotaryEmbedding):
+            raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
+        q, k = rotary(q, k, positions=positions, offset=offset, k_positions=k_positions)
+    elif positions is not None or k_positions is not None or offset:
         raise ValueError(
-            "positions and offset are only used with rotary=; got "
-            f"positions={'a tensor' if positions is not None else None}, "
-            f"offset={offset!r} without a rotary embedding"
+            "positions, k_positions and offset are only used with rotary=; got them without a rotary "
+            "embedding"
         )
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _checks.positive_float("scale", scale)
-    enable_gqa = q.shape[1] != k.shape[1]
+    enable_gqa = True if q.shape[1] != k.shape[1] else False  # a plain bool even for symbolic head counts
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if q_len == 0:  # empty in, empty out, whatever the scheme
+        return q.new_empty(*q.shape[:-1], v.shape[-1])
     if bias is None:
         if causal and q_len != k_len:
             mask = _causal_mask(q_len, k_len, q.device)
@@ -176,10 +195,8 @@ def attention(
                 f"ALiBi needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
             )
         return _alibi_attention(q, k, v, bias, causal, scale, enable_gqa)
-    if isinstance(bias, torch.Tensor):
-        mask = bias.to(q.dtype)
-        if causal:
-            mask = mask.masked_fill(~_causal_mask(q_len, k_len, q.device), -math.inf)
-    else:
+    if not isinstance(bias, torch.Tensor):
         raise ValueError(f"bias must be an ALiBi module, a tensor or None, got {type(bias).__name__}")
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    mask, rows = _mask_tensor(bias, q, causal, k_len)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    return out if rows is None else out.masked_fill(~rows, 0.0)

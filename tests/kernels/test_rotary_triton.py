@@ -40,9 +40,9 @@ else:
 
 def test_triton_not_used_for_cpu_tensors_without_interpreter(monkeypatch):
     """Outside the interpreter, CPU tensors take the torch path even with triton installed."""
-    from posenc.kernels import _use_triton
+    from posenc.kernels import uses_triton
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert not _use_triton([torch.randn(1, 2, 3, 4)], None)
+    assert not uses_triton([torch.randn(1, 2, 3, 4)])
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert _use_triton([torch.randn(1, 2, 3, 4)], None) == triton_available()
+    assert uses_triton([torch.randn(1, 2, 3, 4)]) == triton_available()

@@ -1,5 +1,7 @@
 """RotaryEmbedding against posenc.reference.rope."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 
 from posenc import RotaryEmbedding
 from posenc import reference as R
+from posenc.rope import embedding
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -66,10 +69,9 @@ def test_forward_rotates_q_and_k_alike(layout):
 def test_decoding_key_longer_than_query():
     rope = RotaryEmbedding(8)
     q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
-    q2, k2 = rope(
-        q, k, offset=4
-    )  # q at position 4; k at 4..8 is what the call means for each tensor's own length
-    np.testing.assert_allclose(q2.numpy(), R.rope(q.double().numpy(), np.array([4])), atol=1e-6)
+    # k holds positions 4..8 (the cache and the new token); q is the new token, the last of them: 8
+    q2, k2 = rope(q, k, offset=4)
+    np.testing.assert_allclose(q2.numpy(), R.rope(q.double().numpy(), np.array([8])), atol=1e-6)
     np.testing.assert_allclose(k2.numpy(), R.rope(k.double().numpy(), 4 + np.arange(5)), atol=1e-6)
 
 
@@ -134,3 +136,55 @@ def test_interleaved_and_half_agree_after_permutation():
     inter = RotaryEmbedding(d, layout="interleaved").rotate(x)
     half = RotaryEmbedding(d, layout="half").rotate(x[..., perm])
     torch.testing.assert_close(half, inter[..., perm])
+
+
+@contextlib.contextmanager
+def _no_small_path():
+    saved = embedding.SMALL_ELEMENTS
+    embedding.SMALL_ELEMENTS = 0
+    try:
+        yield
+    finally:
+        embedding.SMALL_ELEMENTS = saved
+
+
+@given(
+    layout=st.sampled_from(["interleaved", "half"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    q_len=st.integers(0, 6),
+    extra_k=st.integers(0, 4),
+    offset=st.integers(0, 300),
+    heads=st.sampled_from([(2, 2), (4, 1)]),
+)
+def test_small_tensor_path_equals_the_fused_path_and_the_reference(
+    layout, dtype, q_len, extra_k, offset, heads
+):
+    """Decode-sized calls take a three-op path; it must give the fused path's numbers (float32 arithmetic)."""
+    rope = RotaryEmbedding(16, layout=layout)
+    gen = torch.Generator().manual_seed(q_len * 31 + offset)
+    q = torch.randn(2, heads[0], q_len, 16, generator=gen).to(dtype)
+    k = torch.randn(2, heads[1], q_len + extra_k, 16, generator=gen).to(dtype)
+    small = rope(q, k, offset=offset)
+    with _no_small_path():
+        fused = rope(q, k, offset=offset)
+    for a, b in zip(small, fused, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-6 if dtype == torch.float32 else 2**-6)
+    k_pos = offset + np.arange(q_len + extra_k)
+    want = R.rope(k.double().numpy(), k_pos, layout=layout)
+    np.testing.assert_allclose(small[1].double().numpy(), want, atol=TOL[dtype] * 4)
+    want_q = R.rope(q.double().numpy(), k_pos[extra_k:], layout=layout)  # the last q_len key positions
+    np.testing.assert_allclose(small[0].double().numpy(), want_q, atol=TOL[dtype] * 4)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_small_tensor_path_gradients_and_double_backward(layout):
+    rope = RotaryEmbedding(8, layout=layout)
+    q = torch.randn(1, 2, 3, 8, dtype=torch.float32, requires_grad=True)
+    k = torch.randn(1, 1, 3, 8, dtype=torch.float32, requires_grad=True)
+    qo, ko = rope(q, k, offset=5)
+    assert "Rotary" not in type(qo.grad_fn).__name__  # the small path, not the autograd Function
+    (qo * ko.expand_as(qo)).sum().backward()
+    # <R q, R k> = <q, k> at shared positions: the gradient w.r.t. q is k
+    torch.testing.assert_close(q.grad, k.detach().expand_as(q), rtol=0, atol=1e-6)
+    x = torch.randn(1, 1, 3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a: rope.rotate(a), (x,))

@@ -24,9 +24,18 @@ import torch
 from .. import _checks
 from .memory import empty_output
 from .rotary_function import RotaryFunction
-from .rotary_torch import rotate_eager, rotate_into
+from .rotary_torch import rotate_eager, rotate_into, rotate_small
 
-__all__ = ["apply_rotary", "apply_rotary_qk", "rotate", "rotate_eager", "rotate_into", "triton_available"]
+__all__ = [
+    "apply_rotary",
+    "apply_rotary_qk",
+    "rotate",
+    "rotate_eager",
+    "rotate_into",
+    "rotate_small",
+    "triton_available",
+    "uses_triton",
+]
 
 
 @functools.cache
@@ -62,10 +71,12 @@ def _triton_table(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     return None
 
 
-def _use_triton(xs, cos) -> bool:
+def uses_triton(xs) -> bool:
+    """Whether these tensors rotate on the Triton kernel: CUDA tensors (or the interpreter, in tests)."""
+    if not all(x.is_cuda for x in xs) and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
     return (
-        all(x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1" for x in xs)
-        and os.environ.get("POSENC_DISABLE_TRITON") != "1"
+        os.environ.get("POSENC_DISABLE_TRITON") != "1"
         and triton_available()
         and all(x.stride(-1) == 1 for x in xs)
     )
@@ -73,7 +84,7 @@ def _use_triton(xs, cos) -> bool:
 
 def rotate(xs, cos, sin, layout: str, *, conjugate: bool = False, inplace: bool = False):
     """Rotate each tensor in xs; returns a tuple of outputs (the inputs themselves when inplace)."""
-    if xs and _use_triton(xs, cos):
+    if xs and uses_triton(xs):
         prepared = [_triton_table(x, cos, sin) for x in xs]
         if all(p is not None for p in prepared):
             from .rotary_triton import rotary_qk_triton
@@ -142,7 +153,12 @@ def _apply(xs, names, cos, sin, layout: str, inplace: bool):
 
 
 def apply_rotary(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str = "interleaved", inplace: bool = False
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "interleaved",
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Rotate x (..., seq, head_dim) by the angles whose cos/sin are given (see the module contract)."""
     return _apply((x,), ("x",), cos, sin, layout, inplace)[0]

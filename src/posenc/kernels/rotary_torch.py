@@ -56,6 +56,24 @@ def rotate_eager(
     return torch.cat((out, x[..., r:]), dim=-1)
 
 
+def rotate_small(x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str) -> torch.Tensor:
+    """Rotate x in one to three differentiable ops: the cheapest path for a small tensor (a decode step),
+    where per-op overhead, not memory traffic, sets the time.
+
+    Args:
+        x: (..., seq, rotary_dim), every dimension rotated; any float dtype but float64 (float32 arithmetic).
+        rows: from :meth:`posenc.rope.table.CosSinTable.small_rows` for this layout: (cos2, sin2) for "half",
+            x * cos2 + swap_halves(x) * sin2; (cos + i sin,) for "interleaved", a complex multiply.
+    """
+    work = x if x.dtype == torch.float32 else x.float()
+    if layout == "half":  # the halves trade places: one roll
+        cos2, sin2 = rows
+        out = torch.addcmul(work * cos2, work.roll(x.shape[-1] // 2, -1), sin2)
+    else:
+        out = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (-1, 2))) * rows[0]).flatten(-2)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 

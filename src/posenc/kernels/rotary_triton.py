@@ -342,7 +342,8 @@ def apply_rotary_triton(q, k, cos, sin, **kernel_args) -> tuple[torch.Tensor, to
         if conjugate and torch.is_grad_enabled():
             raise NotImplementedError(
                 "double backward (create_graph=True) through apply_rotary_triton's packed sequences is not "
-                "supported; rotate padded (batch, heads, seq, head_dim) tensors with posenc.kernels.apply_rotary_qk"
+                "supported; rotate padded (batch, heads, seq, head_dim) tensors with "
+                "posenc.kernels.apply_rotary_qk"
             )
         if conjugate:  # gradients may arrive as expanded views; the kernel needs a unit last stride
             xs = tuple(x.contiguous() for x in xs)

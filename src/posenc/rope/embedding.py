@@ -12,11 +12,15 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..kernels import apply_rotary, apply_rotary_qk
+from ..kernels import apply_rotary, apply_rotary_qk, rotate_small
 from .frequencies import resolve_schedule
 from .table import CosSinTable, align_to
 
 __all__ = ["RotaryEmbedding"]
+
+# At or below this many elements in q and k together, a call takes the three-op paired path: there the
+# time is per-op overhead, not memory traffic (crossover measured in docs/fast-paths.md).
+SMALL_ELEMENTS = 1 << 20
 
 
 class RotaryEmbedding(nn.Module):
@@ -34,9 +38,9 @@ class RotaryEmbedding(nn.Module):
         max_position_embeddings: the model's context length, needed by some scaling methods.
 
     Shape:
-        forward(q, k, positions=None, offset=0) -> (q, k): q (..., seq, head_dim), k (..., seq_k, head_dim).
-        positions: (seq,) or (batch, seq), integer or fractional; default offset .. offset+seq-1.
-        For k with a different length than q, pass positions=None: each gets offset .. offset+len-1.
+        forward(q, k, positions=None, offset=0) -> (q, k): q (..., q_len, head_dim), k (..., k_len, head_dim).
+        positions / k_positions: (seq,) or (batch, seq), integer or fractional; default: keys at
+        offset .. offset+k_len-1, queries at the last q_len of those (decoding with a cache).
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class RotaryEmbedding(nn.Module):
         self._scaling = None if scaling is None else dict(scaling)
         self.max_position_embeddings = max_position_embeddings
         self.table = CosSinTable(schedule)
+        self._small_ok = self.rotary_dim == head_dim and not schedule.length_dependent
 
     @property
     def scaling(self) -> dict | None:
@@ -168,33 +173,86 @@ class RotaryEmbedding(nn.Module):
         offset: int = 0,
         inplace: bool = False,
         *,
+        k_positions: torch.Tensor | None = None,
         context_len=None,
         factor=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate queries and keys. ``inplace=True`` overwrites q and k (inference only).
 
-        ``context_len`` / ``factor``: see :meth:`rotate`. For length-dependent methods the default context is
-        1 + the last position of q (of k when k is longer), so q and k always share one schedule.
+        Keys sit at ``k_positions``, else at offset .. offset+k_len-1; queries at ``positions``, else at the
+        last q_len of the key positions (bottom-right, where a causal mask puts them when q holds the new
+        tokens and k the whole cache). Positions given for q alone also serve k when both have one length.
+        ``context_len`` / ``factor``: see :meth:`rotate`; for length-dependent methods the default context is
+        1 + the last key position, so q and k always share one schedule.
         """
         self._check("q", q)
         self._check("k", k)
-        if k.shape[-2] != q.shape[-2] and positions is not None:
+        if (
+            positions is None
+            and k_positions is None
+            and not inplace
+            and self._small(q, k, context_len, factor)
+        ):
+            return self._rotate_small(q, k, offset)
+        if inplace and q.data_ptr() == k.data_ptr() and q.numel():
             raise ValueError(
-                f"positions apply to q and k of the same length; got q length {q.shape[-2]} and k length "
-                f"{k.shape[-2]}: rotate them separately with rotate()"
+                "inplace=True with q and k the same tensor would rotate it twice; pass two tensors"
             )
-        if context_len is None and self.length_dependent and positions is None:
-            context_len = offset + max(q.shape[-2], k.shape[-2])
-        cos, sin = self._cos_sin_for(q, positions, offset, context_len, factor)
-        if k.shape[-2] == q.shape[-2]:
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        if positions is not None and k_positions is None:
+            if q_len != k_len:
+                raise ValueError(
+                    f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
+                )
+            k_positions = positions
+        if context_len is None and self.length_dependent:
+            context_len = (
+                offset + max(q_len, k_len) if k_positions is None else _context_of(k_positions, offset)
+            )
+        if k_positions is positions and q_len == k_len:  # one table serves both
+            cos, sin = self._cos_sin_for(q, positions, offset, context_len, factor)
             return apply_rotary_qk(q, k, cos, sin, layout=self.layout, inplace=inplace)
-        cos_k, sin_k = self._cos_sin_for(k, None, offset, context_len, factor)
+        q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
+        cos_q, sin_q = self._cos_sin_for(q, positions, q_offset, context_len, factor)
+        cos_k, sin_k = self._cos_sin_for(k, k_positions, offset, context_len, factor)
         return (
-            apply_rotary(q, cos, sin, layout=self.layout, inplace=inplace),
+            apply_rotary(q, cos_q, sin_q, layout=self.layout, inplace=inplace),
             apply_rotary(k, cos_k, sin_k, layout=self.layout, inplace=inplace),
         )
+
+    def _small(self, q, k, context_len, factor) -> bool:
+        """Whether a call can take the small-tensor path: few elements on the CPU, fully rotated, the default
+        schedule, float32 or half precision. (On a GPU one Triton launch beats three torch ops.)"""
+        return (
+            self._small_ok
+            and q.numel() + k.numel() <= SMALL_ELEMENTS
+            and context_len is None
+            and factor is None
+            and q.dtype == k.dtype
+            and q.dtype != torch.float64
+            and q.device.type == "cpu"
+            and not _checks.tracing()
+        )
+
+    def _rotate_small(self, q, k, offset: int):
+        _checks.non_negative_int("offset", offset)
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        q_start = offset + max(k_len - q_len, 0)
+        rows_q = self.table.small_rows(q_start, q_start + q_len, q.device, self.layout)
+        rows_k = (
+            rows_q if q_len == k_len else self.table.small_rows(offset, offset + k_len, k.device, self.layout)
+        )
+        return rotate_small(q, rows_q, self.layout), rotate_small(k, rows_k, self.layout)
 
     def extra_repr(self) -> str:
         s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
         s += f"layout={self.layout!r}"
         return s + (f", scaling={self._scaling!r}" if self._scaling else "")
+
+
+def _context_of(positions: torch.Tensor, offset: int):
+    """1 + the largest position (+ offset): an int, or (batch,) for (batch, seq) positions."""
+    _checks.non_negative_int("offset", offset)
+    if positions.dim() == 2:
+        return positions.amax(-1).floor().long() + 1 + offset
+    return int(positions.max().floor()) + 1 + offset if positions.numel() else 1 + offset

@@ -39,6 +39,7 @@ class CosSinTable:
         # static (a tensor attribute would get a symbolic size under dynamic=True, shared with any equal dim).
         self._inv_freq_values = tuple(inv.tolist())
         self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._laid_out: dict[tuple[torch.device, str], tuple[torch.Tensor, ...]] = {}
 
     # ------------------------------------------------------------------ schedules
     def frequencies(self, context_len=None, factor=None):
@@ -111,7 +112,9 @@ class CosSinTable:
             end = int(positions.max()) + 1 if positions.numel() else 0
         else:  # fractional, or reading the largest position would sync with the device
             end = CACHE_LIMIT + 1
-        if _checks.tracing():  # fresh angles are pure ops the compiler can fuse; a memo would be a side effect
+        if (
+            _checks.tracing()
+        ):  # fresh angles are pure ops the compiler can fuse; a memo would be a side effect
             inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
             return cos_sin_of(_as_tensor(positions, device), inv, self.attention_factor, dtype)
         if dtype == torch.float64 or end > CACHE_LIMIT:
@@ -131,6 +134,23 @@ class CosSinTable:
             )
             self._cache[device] = cached
         return cached
+
+    def small_rows(self, start: int, stop: int, device, layout: str) -> tuple[torch.Tensor, ...]:
+        """Rows start..stop-1 laid out for :func:`posenc.kernels.rotate_small`, memoised per device:
+
+        * "half": (cos2, sin2), each (rows, rotary_dim) float32: cos for both members of a pair, sin signed
+          (-sin for the first member, +sin for the second), so rotate(x) = x * cos2 + swap_halves(x) * sin2;
+        * "interleaved": (cos + i sin,), (rows, rotary_dim/2) complex64: the pairs of x are complex numbers.
+        """
+        cos, sin = self._rows(stop, device)
+        laid = self._laid_out.get((device, layout))
+        if laid is None or laid[0].shape[0] != cos.shape[0]:
+            if layout == "half":
+                laid = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+            else:
+                laid = (torch.complex(cos, sin),)
+            self._laid_out[(device, layout)] = laid
+        return laid[0][start:stop], *(t[start:stop] for t in laid[1:])
 
     def cached_rows(self, device="cpu") -> int:
         """How many positions the memoised table on ``device`` holds (0 before the first lookup)."""
