@@ -27,9 +27,11 @@ class _Adapter:
     """How one family's attention code takes positions.
 
     form: the cos/sin its attention expects: "half" (cat(f, f)), "pairs" (each frequency twice in a row,
-        Cohere) or "complex" (Llama 4's freqs_cis). rope_flag: the attention attribute that switches its
-        rotation on (set True on every layer: NoPE layers get the identity), or None when the model's
-        rotating layers are fixed ("sliding_window" for Cohere2: it rotates sliding layers only).
+        Cohere) or "complex" (Llama 4's freqs_cis).
+    rope_flag: the attention attribute that switches its rotation on; set True on every layer, so that
+        NoPE layers rotate by the identity and any layer can take RoPE.
+    fixed_rope: the attention attribute whose being set decides, in the model's code, which layers
+        rotate ("sliding_window" for Cohere2); a plan can take RoPE away from those, not add it elsewhere.
     """
 
     form: str = "half"
@@ -48,7 +50,7 @@ ADAPTERS = {
     "qwen3_vl_text": _Adapter("half"),
     "deepseek_v3": _Adapter("half"),
 }
-"""text model_type -> how its attention layers take cos/sin (tests/test_hf_plans.py covers each)."""
+"""text model_type -> how its attention layers take cos/sin (tests/hf/test_plans.py covers each)."""
 
 
 class _State:
@@ -66,7 +68,9 @@ class _State:
 
     def text_positions(self) -> torch.Tensor:
         pos = self.position_ids
-        return pos[0] if pos.dim() == 3 else pos  # M-RoPE's (3, batch, seq): text positions are axis 0
+        # M-RoPE's (3, batch, seq): axis 0 (time) is the text position for text and stands for the
+        # token's place wherever only (batch, seq) positions make sense (NoPE shapes, temperature)
+        return pos[0] if pos.dim() == 3 else pos
 
     def cos_sin(self, rope: Rope | None, width: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         key = (rope, width, dtype)
