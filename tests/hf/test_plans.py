@@ -73,3 +73,15 @@ def test_prefill_and_decoding_match_transformers(name):
     assert prefill <= TOL and steps <= TOL
     assert wrong_prefill > WRONG and wrong_steps > WRONG
     assert torch.equal(again, want)
+
+
+def test_gemma4_kv_shared_layers_on_the_last_tokens():
+    # with logits_to_keep, Gemma 4 runs its KV-shared layers on the last tokens only
+    model, _ = build("gemma4")
+    ids = ids_for()
+    with torch.no_grad():
+        want = model(input_ids=ids, logits_to_keep=3).logits
+        patch_model(model)
+        got = model(input_ids=ids, logits_to_keep=3).logits
+        unpatch_model(model)
+    assert got.shape == (2, 3, 128) and max_diff(got, want) <= TOL
