@@ -32,7 +32,7 @@ def can_read(t: torch.Tensor) -> bool:
 _INT = (int, torch.SymInt)
 
 
-def _plain(value):
+def plain(value):
     """A numpy scalar or one-element tensor as the Python number it holds; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return value.item()
@@ -43,7 +43,7 @@ def _plain(value):
 
 def number(name: str, value, *, minimum: float | None = None, strict: bool = False, integer: bool = False):
     """A finite int/float (an int when ``integer``), optionally >= (or > when ``strict``) ``minimum``."""
-    value = _plain(value)
+    value = plain(value)
     ok_type = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
         raise ValueError(f"{name} must be {'an integer' if integer else 'a finite number'}, got {value!r}")
@@ -53,7 +53,7 @@ def number(name: str, value, *, minimum: float | None = None, strict: bool = Fal
 
 
 def positive_int(name: str, value, minimum: int = 1) -> int:
-    value = _plain(value)
+    value = plain(value)
     if isinstance(value, bool) or not isinstance(value, _INT) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
@@ -67,7 +67,7 @@ def even_int(name: str, value, minimum: int = 2) -> int:
 
 
 def positive_float(name: str, value) -> float:
-    value = _plain(value)
+    value = plain(value)
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))

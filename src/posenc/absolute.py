@@ -47,6 +47,7 @@ class SinusoidalEncoding(nn.Module):
 
     def table(self, length: int, offset: int = 0, device=None) -> torch.Tensor:
         """The encoding of positions offset .. offset+length-1, shape (length, d_model), float32."""
+        _checks.non_negative_int("length", length)
         _checks.non_negative_int("offset", offset)
         device = torch.device("cpu" if device is None else device)
         end = offset + length

@@ -52,7 +52,12 @@ class ALiBi(nn.Module):
         if slopes is None:
             init = alibi_slopes(n_heads)
         else:
-            init = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
+            try:
+                init = torch.as_tensor(slopes, dtype=torch.float32).detach().clone()
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(
+                    f"slopes must be a sequence or tensor of {n_heads} positive numbers, got {slopes!r}"
+                ) from None
             if init.shape != (n_heads,):
                 raise ValueError(
                     f"slopes must have shape ({n_heads},) for n_heads={n_heads}, got {tuple(init.shape)}"

@@ -34,6 +34,7 @@ import torch
 
 from .. import _checks
 from ..kernels import apply_rotary
+from .embedding import RotaryEmbedding
 from .table import align_to, cos_sin_of
 
 __all__ = ["RotaryKVCache", "rerotate_keys", "rerotate_schedule", "same_schedule"]
@@ -54,7 +55,9 @@ class RotaryKVCache:
         keys and values (batch, kv_heads, length, head_dim).
     """
 
-    def __init__(self, rotary, mode: str = "unrotated"):
+    def __init__(self, rotary: RotaryEmbedding, mode: str = "unrotated"):
+        if not isinstance(rotary, RotaryEmbedding):
+            raise ValueError(f"rotary must be a posenc.RotaryEmbedding, got {type(rotary).__name__}")
         self.rotary = rotary
         self.mode = _checks.one_of("mode", mode, MODES)
         self.keys: torch.Tensor | None = None  # rotated (rerotate, hf) or not (unrotated)
@@ -79,6 +82,13 @@ class RotaryKVCache:
             raise ValueError(
                 f"q, k and v must hold the same new tokens, got lengths {q.shape[-2]}, {k.shape[-2]}, "
                 f"{v.shape[-2]}"
+            )
+        if self.keys is not None and (
+            k.shape[:-2] != self.keys.shape[:-2] or v.shape[:-2] != self.values.shape[:-2]
+        ):
+            raise ValueError(
+                f"k and v must keep the cached (batch, kv_heads) = {tuple(self.keys.shape[:-2])}, got k "
+                f"{tuple(k.shape)} and v {tuple(v.shape)}; reset() the cache to start another batch"
             )
         start = self.length
         total = start + k.shape[-2]
@@ -122,6 +132,8 @@ def rerotate_keys(
         keys rotated by delta * omega_k in every pair, same shape and dtype. Angles are formed in float64.
     """
     _checks.tensor_rank("keys", keys, 2)
+    if rotary is not None and not isinstance(rotary, RotaryEmbedding):
+        raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
     if rotary is not None:
         if inv_freq is not None:
             raise ValueError("pass either rotary or inv_freq, not both")
@@ -149,8 +161,8 @@ def rerotate_keys(
                 f"{tuple(delta.shape)}"
             )
         d = delta.to(device=keys.device, dtype=torch.float64)
-    elif isinstance(delta, (int, float)) and not isinstance(delta, bool):
-        d = torch.tensor(float(delta), dtype=torch.float64, device=keys.device)
+    elif isinstance(_checks.plain(delta), (int, float)) and not isinstance(delta, bool):
+        d = torch.tensor(float(_checks.plain(delta)), dtype=torch.float64, device=keys.device)
     else:
         raise ValueError(f"delta must be a number or a tensor, got {type(delta).__name__}")
     if not bool(torch.isfinite(d).all()):

@@ -187,6 +187,10 @@ class RotaryEmbedding(nn.Module):
         """
         self._check("q", q)
         self._check("k", k)
+        if q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(
+                f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
         if (
             positions is None
             and k_positions is None

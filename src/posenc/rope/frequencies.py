@@ -295,6 +295,7 @@ class _Method:
     length_dependent: inv_freq / attention factor change with seq_len.
     factor_key: the parameter a per-sequence factor overrides (None: cannot be overridden).
     whole_head: frequencies span the whole head (zero past the rotated fraction) instead of rotary_dim.
+    min_dim: the smallest rotary dimension the method is defined for.
     """
 
     fn: Callable[..., Frequencies]
@@ -305,6 +306,7 @@ class _Method:
     length_dependent: bool = False
     factor_key: str | None = "factor"
     whole_head: bool = False
+    min_dim: int = 2  # NTK-style methods raise base to d/(d-2): undefined for a single pair
 
 
 _YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
@@ -312,13 +314,14 @@ _YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attenti
 METHODS: dict[str, _Method] = {
     "default": _Method(default_frequencies, factor_key=None),
     "linear": _Method(linear_frequencies, ("factor",)),
-    "ntk": _Method(ntk_frequencies, ("factor",)),
+    "ntk": _Method(ntk_frequencies, ("factor",), min_dim=4),
     "dynamic": _Method(
         dynamic_ntk_frequencies,
         ("factor",),
         context=("max_position_embeddings",),
         needs_max_position=lambda params: True,
         length_dependent=True,
+        min_dim=4,
     ),
     "yarn": _Method(yarn_frequencies, ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL),
     "dynamic_yarn": _Method(
@@ -413,6 +416,11 @@ def _method_and_params(scaling) -> tuple[str, dict]:
         )
     accepted = ", ".join(map(repr, METHODS))
     name = scaling.get("rope_type", scaling.get("type"))
+    if scaling.get("type") is not None and scaling.get("rope_type") not in (None, scaling["type"]):
+        raise ValueError(
+            f"scaling has both rope_type={scaling['rope_type']!r} and type={scaling['type']!r}; "
+            "give one of them"
+        )
     if name is None:
         raise ValueError(
             f"scaling needs a 'rope_type' (or 'type') key, one of {accepted}; got keys {sorted(scaling)}"
@@ -460,6 +468,11 @@ def _validate(name: str, p: dict) -> None:
         raise ValueError(
             f"scaling['beta_fast'] must be >= scaling['beta_slow'], got {p.get('beta_fast', 32.0)!r} < "
             f"{p.get('beta_slow', 1.0)!r}"
+        )
+    if name == "longrope" and p["original_max_position_embeddings"] < 2:
+        raise ValueError(  # its attention factor divides by log(original length)
+            f"{key('original_max_position_embeddings')} must be >= 2 for rope_type 'longrope', "
+            f"got {p['original_max_position_embeddings']!r}"
         )
     if name == "llama3" and p["high_freq_factor"] <= p["low_freq_factor"]:
         raise ValueError(
@@ -521,6 +534,11 @@ def resolve_schedule(
             + "), got None"
         )
     rotary_dim = _rotary_dim(head_dim, rotary_dim, None if METHODS[name].whole_head else prf)
+    if rotary_dim < METHODS[name].min_dim:
+        raise ValueError(
+            f"rope_type {name!r} needs a rotary dimension >= {METHODS[name].min_dim} (it raises the base to "
+            f"the power d/(d-2)), got {rotary_dim}"
+        )
     return Schedule(
         name, params, base, head_dim, rotary_dim, max_position_embeddings, 1.0 if prf is None else prf
     )

@@ -55,6 +55,8 @@ class CosSinTable:
             inv_freq (rotary_dim/2,) and a float, or, when either argument is a (batch,) tensor, inv_freq
             (batch, rotary_dim/2) and attention factors (batch,) float64.
         """
+        _check_per_sequence("context_len", context_len, minimum=1, integer=True)
+        _check_per_sequence("factor", factor, minimum=1.0, integer=False)
         if factor is not None and self.schedule.method == "default":
             raise ValueError(
                 "factor needs a scaling method (RotaryEmbedding(..., scaling={...})), got scaling=None"
@@ -95,6 +97,7 @@ class CosSinTable:
         (batch, seq), integer or fractional. ``context_len`` / ``factor``: see :meth:`frequencies`; for a
         length-dependent method the context defaults to 1 + the largest position, per sequence for (batch,
         seq) positions, so a sequence's rotation never depends on what else is in the batch."""
+        _check_per_sequence("context_len", context_len, minimum=1, integer=True)
         if isinstance(positions, range):
             device = torch.device("cpu") if device is None else torch.device(device)
         else:
@@ -198,6 +201,19 @@ def _default_context(positions):
     if positions.dim() == 2:
         return positions.amax(-1).floor().long() + 1
     return int(positions.max().floor()) + 1 if positions.numel() else 1
+
+
+def _check_per_sequence(name: str, value, *, minimum, integer: bool) -> None:
+    """A number or a (batch,) tensor of them, each >= minimum (CPU values only: reading others would sync)."""
+    if value is None:
+        return
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        if value.dim() != 1:
+            raise ValueError(f"{name} must be a number or a (batch,) tensor, got shape {tuple(value.shape)}")
+        if _checks.can_read(value) and value.numel() and bool((value < minimum).any()):
+            raise ValueError(f"{name} must be >= {minimum} for every sequence, got {value.tolist()}")
+        return
+    _checks.number(name, value, minimum=minimum, integer=integer)
 
 
 def _per_sequence(value) -> list | None:
