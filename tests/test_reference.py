@@ -107,7 +107,7 @@ def test_alibi_slopes_power_of_two_is_chapter_formula(n):
 
 
 def test_alibi_bias_matches_chapter_exercise_4():
-    bias = R.alibi_bias(16, 4)
+    bias = R.alibi_bias(16, 4, causal=False)
     assert bias.shape == (4, 16, 16)
     np.testing.assert_allclose(bias[0, 8], -0.25 * np.abs(np.arange(16) - 8))
     causal = R.alibi_bias(16, 4, causal=True)
@@ -131,3 +131,31 @@ def test_sinusoidal_shift_matrix_moves_every_position():
     pe = R.sinusoidal(200, 16)
     m = R.sinusoidal_shift_matrix(7, 16)
     np.testing.assert_allclose(pe[7:], pe[:-7] @ m.T, atol=1e-10)
+
+
+def test_alibi_bias_is_causal_by_default_like_the_module():
+    # posenc.ALiBi.bias defaults to causal=True; the oracle must not silently differ.
+    from posenc import ALiBi
+
+    np.testing.assert_array_equal(R.alibi_bias(9, 3), R.alibi_bias(9, 3, causal=True))
+    assert np.isneginf(R.alibi_bias(9, 3)[:, 0, 1:]).all()
+    np.testing.assert_array_equal(np.isneginf(R.alibi_bias(9, 3)), np.isneginf(ALiBi(3).bias(9).numpy()))
+
+
+def test_reference_takes_torch_tensors_as_numpy_arrays():
+    import torch
+
+    rng = np.random.default_rng(2)
+    q, k, v = rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 8)), rng.normal(size=(2, 5, 4))
+    positions = np.arange(5)
+    qt = torch.tensor(q, dtype=torch.float32, requires_grad=True)
+    np.testing.assert_allclose(
+        R.rope(qt, torch.arange(5)), R.rope(q.astype(np.float32), positions), rtol=0, atol=0
+    )
+    np.testing.assert_allclose(R.rope(torch.tensor(q).bfloat16(), positions).shape, q.shape)
+    got = R.attention(torch.tensor(q), torch.tensor(k), torch.tensor(v), causal=True)
+    np.testing.assert_allclose(got, R.attention(q, k, v, causal=True), rtol=0, atol=0)
+    np.testing.assert_allclose(R.softmax(torch.tensor(q)), R.softmax(q), rtol=0, atol=0)
+    slopes = torch.tensor([0.5, 0.25])
+    np.testing.assert_allclose(R.alibi_bias(4, 2, slopes=slopes), R.alibi_bias(4, 2, slopes=[0.5, 0.25]))
+    assert isinstance(R.rope(qt, torch.arange(5)), np.ndarray)

@@ -23,6 +23,14 @@ __all__ = [
 ]
 
 
+def _array(x) -> np.ndarray:
+    """``x`` as a float64 numpy array; torch tensors (any device, with or without grad) are accepted so
+    that tests can hand the oracle what the module under test produced. torch is never imported here."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        x = x.detach().cpu().double()  # double first: numpy has no bfloat16
+    return np.asarray(x, dtype=np.float64)
+
+
 def inverse_frequencies(dim: int, base: float = 10000.0) -> np.ndarray:
     """omega_k = 1 / base^(2k/dim) for k = 0 .. dim/2 - 1 (Vaswani et al. 2017, Su et al. 2021). Shape
     (dim/2,)."""
@@ -82,11 +90,11 @@ def rope(
     ``attention_factor`` scales cos and sin as Hugging Face transformers does for YaRN and LongRoPE.
     Batched positions (batch, seq) apply to the leading dimension of x.
     """
-    x = np.asarray(x, dtype=np.float64)
+    x = _array(x)
     d = x.shape[-1]
     r = d if rotary_dim is None else rotary_dim
-    w = inverse_frequencies(r, base) if inv_freq is None else np.asarray(inv_freq, dtype=np.float64)
-    pos = np.asarray(positions, dtype=np.float64)
+    w = inverse_frequencies(r, base) if inv_freq is None else _array(inv_freq)
+    pos = _array(positions)
     theta = pos[..., None] * w  # (seq, r/2) or (batch, seq, r/2)
     if theta.ndim == 3:  # line the batch axis up with x's leading axis
         theta = theta.reshape(theta.shape[:1] + (1,) * (x.ndim - 3) + theta.shape[1:])
@@ -119,13 +127,14 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
 
 
 def alibi_bias(
-    seq_len: int, n_heads: int, causal: bool = False, slopes: np.ndarray | None = None
+    seq_len: int, n_heads: int, causal: bool = True, slopes: np.ndarray | None = None
 ) -> np.ndarray:
     """The chapter's ALiBi bias -m_h * |i - j|. Shape (n_heads, seq_len, seq_len).
 
-    With causal=True the future (j > i) is -inf, so the result doubles as the causal mask.
+    With causal=True (the default, as for ``posenc.ALiBi.bias``) the future (j > i) is -inf, so the result
+    doubles as the causal mask; causal=False gives the symmetric bias everywhere.
     """
-    m = alibi_slopes(n_heads) if slopes is None else np.asarray(slopes, dtype=np.float64)
+    m = alibi_slopes(n_heads) if slopes is None else _array(slopes)
     i = np.arange(seq_len)
     distance = np.abs(i[:, None] - i[None, :]).astype(np.float64)
     bias = -m[:, None, None] * distance[None]
@@ -136,6 +145,7 @@ def alibi_bias(
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """Numerically stable softmax; a row that is all -inf gives zeros, not NaN."""
+    x = _array(x)
     peak = np.max(x, axis=axis, keepdims=True)
     peak = np.where(np.isfinite(peak), peak, 0.0)
     e = np.exp(x - peak)
@@ -157,7 +167,8 @@ def attention(
     With causal=True a query may not see keys after it; when Lq < Lk the queries are the last Lq
     positions (decoding with a cache).
     """
-    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    q, k, v = (_array(t) for t in (q, k, v))
+    bias = None if bias is None else _array(bias)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = q @ np.swapaxes(k, -1, -2) * scale
     if bias is not None:

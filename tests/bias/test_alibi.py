@@ -20,7 +20,7 @@ def test_slopes_match_reference(n):
 def test_bias_matches_reference(n_heads, seq):
     alibi = ALiBi(n_heads)
     np.testing.assert_allclose(
-        alibi.bias(seq, causal=False).numpy(), R.alibi_bias(seq, n_heads), atol=1e-5, rtol=1e-6
+        alibi.bias(seq, causal=False).numpy(), R.alibi_bias(seq, n_heads, causal=False), atol=1e-5, rtol=1e-6
     )
     np.testing.assert_array_equal(
         np.isneginf(alibi.bias(seq).numpy()), np.isneginf(R.alibi_bias(seq, n_heads, causal=True))
