@@ -116,7 +116,10 @@ class RotaryEmbedding(nn.Module):
     def _lookup(self, seq_len, positions, offset, device, dtype, context_len, factor):
         """:meth:`cos_sin` for positions already checked."""
         _checks.non_negative_int("offset", offset)
-        if positions is None and _checks.tracing():  # a symbolic length stays symbolic in arange
+        if positions is None and _checks.tracing() and context_len is None and factor is None:
+            if not self.length_dependent:  # a symbolic start and length stay symbolic
+                return self.table.traced_run(offset, seq_len, device, dtype)
+        if positions is None and _checks.tracing():
             positions = torch.arange(offset, offset + seq_len, device=device)
         elif positions is None:
             positions = range(offset, offset + seq_len)

@@ -127,6 +127,19 @@ class CosSinTable:
             return cos[positions.start : positions.stop], sin[positions.start : positions.stop]
         return cos[positions], sin[positions]
 
+    def traced_run(self, start, length, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of positions start .. start+length-1 while torch.compile traces (start and length may be
+        symbolic): a slice of the memoised rows when an eager call already made enough of them (the
+        compiled graph then reads them like a weight), else fresh angles. Never the memo under
+        torch.export, whose program must hold for every length it allows."""
+        cached = self._cache.get(torch.device(device))
+        usable = cached is not None and dtype == torch.float32 and not torch.compiler.is_exporting()
+        if usable and start + length <= cached[0].shape[0]:
+            return cached[0][start : start + length], cached[1][start : start + length]
+        inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
+        positions = torch.arange(start, start + length, device=device)
+        return cos_sin_of(positions, inv, self.attention_factor, dtype)
+
     def _rows(self, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The memoised float32 table on ``device``, at least ``end`` rows long."""
         cached = self._cache.get(device)
