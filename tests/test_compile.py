@@ -54,6 +54,7 @@ def test_fullgraph_dynamic_lengths_forward_and_backward_equal_eager(layout):
     def step(q, k, v):
         return posenc.attention(q, k, v, rotary=rope)
 
+    step(*_inputs(4))  # an eager warm-up step fills the cos/sin memo that the compiled graph then reads
     compiled = torch.compile(step, fullgraph=True, dynamic=True, backend="aot_eager")
     for seq in (5, 16, 23):
         q, k, v = _inputs(seq, seed=seq, requires_grad=True)
@@ -71,6 +72,7 @@ def test_fullgraph_dynamic_lengths_forward_and_backward_equal_eager(layout):
 
 def test_inductor_compiles_rope_with_dynamic_lengths():
     rope = posenc.RotaryEmbedding(16, layout="half")
+    rope(*_inputs(4)[:2])  # eager warm-up: the compiled graph reads the cos/sin memo it fills
     compiled = torch.compile(lambda q, k: rope(q, k), fullgraph=True, dynamic=True)
     for seq in (7, 19):
         q, k, _ = _inputs(seq, seed=seq, requires_grad=True)
@@ -86,6 +88,17 @@ def test_inductor_compiles_rope_with_dynamic_lengths():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+def test_without_a_warm_up_the_graph_computes_cos_sin_itself():
+    """No eager call before compiling: fresh float64 angles inside the graph, the same numbers."""
+    rope = posenc.RotaryEmbedding(16, layout="interleaved")
+    compiled = torch.compile(lambda q, k: rope(q, k, offset=3), fullgraph=True, backend="aot_eager")
+    q, k, _ = _inputs(9)
+    got = compiled(q, k)
+    assert rope.table.cached_rows() == 0  # the traced call did not fill the memo
+    for a, b in zip(got, rope(q, k, offset=3), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
 def test_torch_export_with_a_dynamic_sequence_length():
     class Attn(torch.nn.Module):
         def __init__(self):
@@ -99,6 +112,7 @@ def test_torch_export_with_a_dynamic_sequence_length():
             return posenc.attention(q, k, v, rotary=self.rope)
 
     model = Attn()
+    model(torch.randn(2, 4, 32))  # a memo made before export must not leak into the program
     seq = torch.export.Dim("seq", min=2, max=1024)
     exported = torch.export.export(model, (torch.randn(2, 10, 32),), dynamic_shapes={"x": {1: seq}})
     x = torch.randn(2, 37, 32)
