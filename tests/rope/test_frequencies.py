@@ -396,3 +396,17 @@ def test_yarn_and_llama3_match_transformers_anywhere(
             hf64, hf_attn = hf_frequencies(params, head_dim, orig)
         inv, attn = posenc.rope_frequencies(head_dim, scaling=params)
         assert rel_err(inv, hf64) <= REL and attn == pytest.approx(hf_attn, rel=1e-12)
+
+
+def test_llama3_with_an_empty_blend_band():
+    """Llama 4 Scout publishes low_freq_factor == high_freq_factor: no blend, each wavelength kept or
+    divided by the factor according to which side of L / low_freq_factor it falls."""
+    orig, factor, band = 8192, 16.0, 1.0
+    params = {"rope_type": "llama3", "factor": factor, "low_freq_factor": band, "high_freq_factor": band}
+    inv, _ = posenc.rope_frequencies(
+        128, base=5e5, scaling={**params, "original_max_position_embeddings": orig}
+    )
+    default = R.inverse_frequencies(128, 5e5)
+    want = np.where(2 * math.pi / default > orig / band, default / factor, default)
+    np.testing.assert_allclose(inv.double().numpy(), want, rtol=1e-6)
+    assert (want != default).any() and (want == default).any()  # both sides of the band occur

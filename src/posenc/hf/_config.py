@@ -35,15 +35,6 @@ def _head_dim(config) -> int:
     return hidden // heads
 
 
-def _widen_empty_band(params: dict) -> None:
-    """Llama 4 Scout publishes high_freq_factor == low_freq_factor: the llama3 blend band [L/high, L/low] is
-    one wavelength, where transformers divides 0 by 0 and keeps neither side. posenc.rope.frequencies wants
-    high > low; a band 1e-9 wide gives the same frequencies unless a wavelength lies inside it."""
-    low = params.get("low_freq_factor")
-    if low is not None and params.get("high_freq_factor") == low:
-        params["high_freq_factor"] = low * (1 + 1e-9)
-
-
 def rope_settings(config) -> dict:
     """The keyword arguments of :class:`posenc.RotaryEmbedding` a transformers config describes.
 
@@ -88,8 +79,6 @@ def rope_settings(config) -> dict:
         elif params.get("original_max_position_embeddings") is None:
             params["original_max_position_embeddings"] = max_pos
 
-    if rope_type == "llama3":
-        _widen_empty_band(params)
     rotary_dim = _get(config, "rotary_dim") if model_type == "gptj" else None
     if rotary_dim is None and rope_type != "proportional":
         rotary_dim = int(head_dim * prf)

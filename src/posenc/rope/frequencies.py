@@ -219,11 +219,13 @@ def llama3_frequencies(
     low_wavelen = original_max_position_embeddings / low_freq_factor
     high_wavelen = original_max_position_embeddings / high_freq_factor
     wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > low_wavelen, inv / factor, inv)
+    if high_freq_factor == low_freq_factor:  # an empty blend band (Llama 4 Scout publishes one)
+        return out, 1.0
     smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (
         high_freq_factor - low_freq_factor
     )
     blended = (1 - smooth) * inv / factor + smooth * inv
-    out = torch.where(wavelen > low_wavelen, inv / factor, inv)
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, blended, out), 1.0
 
@@ -474,10 +476,10 @@ def _validate(name: str, p: dict) -> None:
             f"{key('original_max_position_embeddings')} must be >= 2 for rope_type 'longrope', "
             f"got {p['original_max_position_embeddings']!r}"
         )
-    if name == "llama3" and p["high_freq_factor"] <= p["low_freq_factor"]:
+    if name == "llama3" and p["high_freq_factor"] < p["low_freq_factor"]:
         raise ValueError(
-            "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], got "
-            f"{p['high_freq_factor']!r} <= {p['low_freq_factor']!r}"
+            "scaling['high_freq_factor'] must be >= scaling['low_freq_factor'], got "
+            f"{p['high_freq_factor']!r} < {p['low_freq_factor']!r}"
         )
     for k in ("short_factor", "long_factor"):
         if k in p:
