@@ -14,7 +14,7 @@ from torch import nn
 from .. import _checks
 from ..kernels import apply_rotary, apply_rotary_qk, rotate_small
 from .frequencies import resolve_schedule
-from .table import CosSinTable, align_to
+from .table import CosSinTable
 
 __all__ = ["RotaryEmbedding"]
 
@@ -111,44 +111,7 @@ class RotaryEmbedding(nn.Module):
         """
         if positions is not None:
             positions = _checks.positions(positions, seq_len)
-        return self._lookup(seq_len, positions, offset, device, dtype, context_len, factor)
-
-    def _lookup(self, seq_len, positions, offset, device, dtype, context_len, factor):
-        """:meth:`cos_sin` for positions already checked."""
-        _checks.non_negative_int("offset", offset)
-        if positions is None and _checks.tracing() and context_len is None and factor is None:
-            if not self.length_dependent:  # a symbolic start and length stay symbolic
-                return self.table.traced_run(offset, seq_len, device, dtype)
-        if positions is None and _checks.tracing():
-            positions = torch.arange(offset, offset + seq_len, device=device)
-        elif positions is None:
-            positions = range(offset, offset + seq_len)
-        else:
-            positions = positions if device is None else positions.to(device)
-            positions = positions + offset if offset else positions
-        return self.table.lookup(
-            positions, device=device, dtype=dtype, context_len=context_len, factor=factor
-        )
-
-    def _cos_sin_for(self, x: torch.Tensor, positions, offset: int, context_len=None, factor=None):
-        """cos/sin for x (..., seq, head_dim), shaped to broadcast against it."""
-        if positions is not None:
-            _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() >= 3 else None)
-            if positions.dim() == 2 and x.dim() < 3:
-                raise ValueError(
-                    f"batched positions of shape {tuple(positions.shape)} need x with a batch dimension, "
-                    f"got x of shape {tuple(x.shape)}"
-                )
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self._lookup(x.shape[-2], positions, offset, x.device, dtype, context_len, factor)
-        return align_to(cos, sin, x, "factor/context_len/positions")
-
-    def _check(self, name: str, x: torch.Tensor) -> None:
-        _checks.tensor_rank(name, x, 2)
-        if x.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"{name} must have last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}"
-            )
+        return self.table.at(seq_len, positions, offset, device, dtype, context_len, factor)
 
     def rotate(
         self,
@@ -164,8 +127,8 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` and ``factor`` (int/float or (batch,) tensors) pick the schedule of length-dependent
         methods and per-sequence scaling factors; see :meth:`frequencies`.
         """
-        self._check("x", x)
-        cos, sin = self._cos_sin_for(x, positions, offset, context_len, factor)
+        _check_x(self, "x", x)
+        cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
         return apply_rotary(x, cos, sin, layout=self.layout)
 
     def forward(
@@ -188,23 +151,14 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` / ``factor``: see :meth:`rotate`; for length-dependent methods the default context is
         1 + the last key position, so q and k always share one schedule.
         """
-        self._check("q", q)
-        self._check("k", k)
-        if q.shape[:-3] != k.shape[:-3]:
-            raise ValueError(
-                f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
-            )
+        _check_pair(self, q, k, inplace)
         if (
             positions is None
             and k_positions is None
             and not inplace
-            and self._small(q, k, context_len, factor)
+            and _small(self, q, k, context_len, factor)
         ):
-            return self._rotate_small(q, k, offset)
-        if inplace and q.data_ptr() == k.data_ptr() and q.numel():
-            raise ValueError(
-                "inplace=True with q and k the same tensor would rotate it twice; pass two tensors"
-            )
+            return _rotate_small(self, q, k, offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
         if positions is not None and k_positions is None:
             if q_len != k_len:
@@ -212,44 +166,20 @@ class RotaryEmbedding(nn.Module):
                     f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
                 )
             k_positions = positions
-        if context_len is None and self.length_dependent:
+        if context_len is None and self.length_dependent:  # one schedule for q and k: the keys' length
             context_len = (
                 offset + max(q_len, k_len) if k_positions is None else _context_of(k_positions, offset)
             )
         if k_positions is positions and q_len == k_len:  # one table serves both
-            cos, sin = self._cos_sin_for(q, positions, offset, context_len, factor)
+            cos, sin = self.table.for_tensor(q, positions, offset, context_len, factor)
             return apply_rotary_qk(q, k, cos, sin, layout=self.layout, inplace=inplace)
         q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
-        cos_q, sin_q = self._cos_sin_for(q, positions, q_offset, context_len, factor)
-        cos_k, sin_k = self._cos_sin_for(k, k_positions, offset, context_len, factor)
+        cos_q, sin_q = self.table.for_tensor(q, positions, q_offset, context_len, factor)
+        cos_k, sin_k = self.table.for_tensor(k, k_positions, offset, context_len, factor)
         return (
             apply_rotary(q, cos_q, sin_q, layout=self.layout, inplace=inplace),
             apply_rotary(k, cos_k, sin_k, layout=self.layout, inplace=inplace),
         )
-
-    def _small(self, q, k, context_len, factor) -> bool:
-        """Whether a call can take the small-tensor path: few elements on the CPU, fully rotated, the default
-        schedule, float32 or half precision. (On a GPU one Triton launch beats three torch ops.)"""
-        return (
-            self._small_ok
-            and q.numel() + k.numel() <= SMALL_ELEMENTS
-            and context_len is None
-            and factor is None
-            and q.dtype == k.dtype
-            and q.dtype != torch.float64
-            and q.device.type == "cpu"
-            and not _checks.tracing()
-        )
-
-    def _rotate_small(self, q, k, offset: int):
-        _checks.non_negative_int("offset", offset)
-        q_len, k_len = q.shape[-2], k.shape[-2]
-        q_start = offset + max(k_len - q_len, 0)
-        rows_q = self.table.small_rows(q_start, q_start + q_len, q.device, self.layout)
-        rows_k = (
-            rows_q if q_len == k_len else self.table.small_rows(offset, offset + k_len, k.device, self.layout)
-        )
-        return rotate_small(q, rows_q, self.layout), rotate_small(k, rows_k, self.layout)
 
     def extra_repr(self) -> str:
         s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
@@ -263,3 +193,48 @@ def _context_of(positions: torch.Tensor, offset: int):
     if positions.dim() == 2:
         return positions.amax(-1).floor().long() + 1 + offset
     return int(positions.max().floor()) + 1 + offset if positions.numel() else 1 + offset
+
+
+def _small(rope: RotaryEmbedding, q, k, context_len, factor) -> bool:
+    """Whether a call can take the small-tensor path: few elements on the CPU, fully rotated, the default
+    schedule, float32 or half precision. (On a GPU one Triton launch beats three torch ops.)"""
+    return (
+        rope._small_ok
+        and q.numel() + k.numel() <= SMALL_ELEMENTS
+        and context_len is None
+        and factor is None
+        and q.dtype == k.dtype
+        and q.dtype != torch.float64
+        and q.device.type == "cpu"
+        and not _checks.tracing()
+    )
+
+
+def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
+    _checks.non_negative_int("offset", offset)
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    q_start = offset + max(k_len - q_len, 0)
+    rows_q = rope.table.small_rows(q_start, q_start + q_len, q.device, rope.layout)
+    rows_k = (
+        rows_q if q_len == k_len else rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
+    )
+    return rotate_small(q, rows_q, rope.layout), rotate_small(k, rows_k, rope.layout)
+
+
+def _check_x(rope: RotaryEmbedding, name: str, x) -> None:
+    _checks.tensor_rank(name, x, 2)
+    if x.shape[-1] != rope.head_dim:
+        raise ValueError(
+            f"{name} must have last dimension head_dim={rope.head_dim}, got shape {tuple(x.shape)}"
+        )
+
+
+def _check_pair(rope: RotaryEmbedding, q, k, inplace: bool) -> None:
+    _check_x(rope, "q", q)
+    _check_x(rope, "k", k)
+    if q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if inplace and q.data_ptr() == k.data_ptr() and q.numel():
+        raise ValueError("inplace=True with q and k the same tensor would rotate it twice; pass two tensors")

@@ -84,6 +84,36 @@ class CosSinTable:
         return self.schedule.at(context_len if self.schedule.length_dependent else None, factor)
 
     # ------------------------------------------------------------------ lookup
+    def at(self, seq_len: int, positions, offset, device, dtype, context_len=None, factor=None):
+        """cos/sin at ``positions`` (checked already) + ``offset``, or at offset .. offset+seq_len-1."""
+        _checks.non_negative_int("offset", offset)
+        traced = _checks.tracing()
+        if positions is None and traced and context_len is None and factor is None:
+            if not self.schedule.length_dependent:  # a symbolic start and length stay symbolic
+                return self.traced_run(offset, seq_len, device, dtype)
+        if positions is None and traced:
+            positions = torch.arange(offset, offset + seq_len, device=device)
+        elif positions is None:
+            positions = range(offset, offset + seq_len)
+        else:
+            positions = positions if device is None else positions.to(device)
+            positions = positions + offset if offset else positions
+        return self.lookup(positions, device=device, dtype=dtype, context_len=context_len, factor=factor)
+
+    def for_tensor(self, x: torch.Tensor, positions, offset, context_len=None, factor=None):
+        """cos/sin for x (..., seq, head_dim) at ``positions`` (+ ``offset``), shaped to broadcast against x;
+        float64 for float64 x, else float32."""
+        if positions is not None:
+            _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() >= 3 else None)
+            if positions.dim() == 2 and x.dim() < 3:
+                raise ValueError(
+                    f"batched positions of shape {tuple(positions.shape)} need x with a batch dimension, "
+                    f"got x of shape {tuple(x.shape)}"
+                )
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.at(x.shape[-2], positions, offset, x.device, dtype, context_len, factor)
+        return align_to(cos, sin, x, "factor/context_len/positions")
+
     def lookup(
         self,
         positions: torch.Tensor | range,
