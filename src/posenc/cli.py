@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 _COMMAND_MODULES = (
     "posenc.tools.tour",  # posenc tour
@@ -18,6 +20,61 @@ _COMMAND_MODULES = (
     "posenc.tools.bench",  # posenc bench
     "posenc.lab.commands",  # posenc train / eval / sample / compare
 )
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default after its help, unless the help already states it or there is none
+    to show (None, a store_true flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
+            return text
+        return super()._get_help_string(action)
+
+
+def check_output_dir(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` when a command may create or fill it as a directory; else a ValueError naming ``flag``.
+
+    Checked before any work, so a long run does not fail at its first write.
+    """
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(p)!r} is an existing file; expected a directory (created if missing)")
+    _check_writable(flag, p)
+    return p
+
+
+def check_output_file(flag: str, path: str | os.PathLike) -> Path:
+    """``path`` when a command may write a file there (its folder is created); else a ValueError."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ValueError(f"{flag} {str(p)!r} is a directory; expected a file name to write")
+    _check_writable(flag, p.parent)
+    return p
+
+
+def _check_writable(flag: str, folder: Path) -> None:
+    """Whether ``folder`` exists writable or can be created: its nearest existing ancestor decides."""
+    ancestor = folder
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(
+            f"{flag}: cannot create {str(folder)!r}: {str(ancestor)!r} is a file, not a directory"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag}: cannot write to {str(folder)!r}: {str(ancestor)!r} is not writable")
+
+
+def check_matplotlib(what: str = "drawing figures") -> None:
+    """A ValueError saying how to install matplotlib when it cannot be imported (the ``plot`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            f"{what} needs matplotlib, which is not installed: pip install posenc[plot]"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """posenc plot frequencies: the spectra it computes, the figure it builds, and the command."""
 
 import argparse
+import sys
 
 import numpy as np
 import pytest
@@ -69,12 +70,47 @@ def test_command_through_posenc_cli(tmp_path):
 
 @pytest.mark.parametrize(
     "flag, value, word",
-    [("--factor", "0.5", "factor"), ("--head-dim", "7", "head_dim"), ("--base", "-1", "rope_theta")],
+    [
+        ("--factor", "0.5", "factor"),
+        ("--head-dim", "7", "head_dim"),
+        ("--base", "-1", "--base -1.0 must be > 1"),
+        ("--base", "1", "--base 1.0 must be > 1"),  # once a ZeroDivisionError inside YaRN
+        ("--base", "nan", "--base nan must be > 1"),
+    ],
 )
 def test_bad_arguments(tmp_path, capsys, flag, value, word):
     args = parser().parse_args(["plot", "frequencies", flag, value, "--out", str(tmp_path / "x.png")])
     assert args.func(args) == 2
-    assert word in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert word in err and err.startswith("posenc plot frequencies: error: ") and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_out_without_suffix_writes_and_prints_the_png_it_wrote(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = parser().parse_args(["plot", "frequencies", "--head-dim", "16", "--out", "spectrum"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.strip() == "spectrum.png"
+    assert (tmp_path / "spectrum.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "spectrum").exists()
+
+
+@pytest.mark.parametrize("where, word", [("dir", "is a directory"), ("file/x.png", "is a file")])
+def test_out_that_cannot_be_written_is_refused(tmp_path, capsys, where, word):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("")
+    args = parser().parse_args(["plot", "frequencies", "--out", str(tmp_path / where)])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc plot frequencies: error: --out") and word in err
+
+
+def test_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    args = parser().parse_args(["plot", "frequencies", "--out", str(tmp_path / "x.png")])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert "pip install posenc[plot]" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
 
 

@@ -132,8 +132,20 @@ def plot_frequencies(
 
 
 def _frequencies_command(args: argparse.Namespace) -> int:
+    from posenc.cli import check_matplotlib, check_output_file
+
+    out = Path(args.out)
+    if not out.suffix and not out.is_dir():  # matplotlib writes NAME.png then: name that file
+        out = out.with_name(out.name + ".png")
     try:
-        path = plot_frequencies(args.out, args.head_dim, args.base, args.factor, args.original_length)
+        if not args.base > 1:  # also NaN
+            raise ValueError(
+                f"--base {args.base!r} must be > 1: the frequencies base^(-2k/d) must fall from pair to "
+                f"pair (YaRN's and Llama 3.1's ramps divide by log(base))"
+            )
+        check_output_file("--out", out)
+        check_matplotlib()
+        path = plot_frequencies(out, args.head_dim, args.base, args.factor, args.original_length)
     except ValueError as err:
         print(f"posenc plot frequencies: error: {err}", file=sys.stderr)
         return 2
@@ -272,7 +284,11 @@ def add_commands(subparsers) -> None:
     freq.add_argument(
         "--original-length", type=int, default=4096, help="pretraining context length (default 4096)"
     )
-    freq.add_argument("--out", default="frequencies.png", help="output PNG file (default frequencies.png)")
+    freq.add_argument(
+        "--out",
+        default="frequencies.png",
+        help="output image file; .png is appended to a name without a suffix (default frequencies.png)",
+    )
     freq.set_defaults(func=_frequencies_command)
     plan = kinds.add_parser(
         "plan",
