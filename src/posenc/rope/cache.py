@@ -154,24 +154,30 @@ def rerotate_keys(
             )
     _checks.layout(layout)
     seq = keys.shape[-2]
+    d = _delta(delta, seq, keys.device)
+    if d.dim() == 0:
+        d = d.expand(seq)
+    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
+    cos, sin = align_to(*cos_sin_of(d, inv64, 1.0, work), keys, "delta")
+    return apply_rotary(keys, cos, sin, layout=layout)
+
+
+def _delta(delta, seq: int, device) -> torch.Tensor:
+    """The shift as a float64 tensor: a number, or (seq,) / (batch, seq) with one shift per key."""
     if isinstance(delta, torch.Tensor):
         if delta.dim() not in (0, 1, 2) or (delta.dim() > 0 and delta.shape[-1] != seq):
             raise ValueError(
                 f"delta must be a number or a tensor of shape ({seq},) or (batch, {seq}), got "
                 f"{tuple(delta.shape)}"
             )
-        d = delta.to(device=keys.device, dtype=torch.float64)
+        d = delta.to(device=device, dtype=torch.float64)
     elif isinstance(_checks.plain(delta), (int, float)) and not isinstance(delta, bool):
-        d = torch.tensor(float(_checks.plain(delta)), dtype=torch.float64, device=keys.device)
+        d = torch.tensor(float(_checks.plain(delta)), dtype=torch.float64, device=device)
     else:
         raise ValueError(f"delta must be a number or a tensor, got {type(delta).__name__}")
-    if not bool(torch.isfinite(d).all()):
+    if _checks.can_read(d) and not bool(torch.isfinite(d).all()):
         raise ValueError("delta must be finite, got NaN or inf")
-    if d.dim() == 0:
-        d = d.expand(seq)
-    work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    cos, sin = align_to(*cos_sin_of(d, inv64, 1.0, work), keys, "delta")
-    return apply_rotary(keys, cos, sin, layout=layout)
+    return d
 
 
 def rerotate_schedule(keys: torch.Tensor, old, new, layout: str) -> torch.Tensor:

@@ -192,8 +192,8 @@ def _positions3(positions) -> torch.Tensor:
         raise ValueError(
             f"positions must have shape (3, batch, seq), (batch, seq) or (seq,), got {tuple(positions.shape)}"
         )
-    if positions.numel() and bool((positions < 0).any()):
-        raise ValueError(f"positions must be >= 0, got minimum {positions.min().item()}")
+    if _checks.can_read(positions) and positions.numel() and bool((positions < 0).any()):
+        raise ValueError(f"positions must be >= 0, got minimum {positions.min().item()}")  # CPU only: no sync
     return positions
 
 
