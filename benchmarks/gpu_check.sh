@@ -8,7 +8,8 @@
 #    cu_seqlens packing, GQA in one launch, bfloat16, in place, gradcheck of the backward, module dispatch
 #    (tests/kernels/test_rotary_triton.py, the cases CI runs under TRITON_INTERPRET=1);
 # 2. FlexAttention ALiBi against the materialised bias, forward and backward;
-# 3. the kernel and attention tests (the same tests as on the CPU, now also reaching the CUDA dispatch);
+# 3. no host-device sync in RoPE / attention forward paths (sync debug mode "error"), the compile tests;
+#    the kernel and attention tests (the same tests as on the CPU, now also reaching the CUDA dispatch);
 # 4. posenc bench --device cuda: RoPE GB/s, share of measured copy and of nominal HBM bandwidth, forward +
 #    backward, speed-up over transformers; ALiBi via compiled FlexAttention against SDPA with a materialised
 #    bias and causal SDPA (time and peak memory).
@@ -46,6 +47,31 @@ for causal, lq in ((True, 1024), (True, 100), (False, 1024)):
     print(f"causal={causal} q_len={lq}: max |out - ref| = {err:.2e}, max grad diff = {gerr:.2e}")
     assert err < 1e-4 and gerr < 1e-3, "FlexAttention ALiBi disagrees with the materialised reference"
 PYEOF
+
+echo "== no host-device synchronisation in the forward paths (torch.cuda.set_sync_debug_mode('error'))"
+"$PY" - <<'PYEOF'
+import torch, posenc
+rope = posenc.RotaryEmbedding(128, layout="half")
+yarn = posenc.RotaryEmbedding(128, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512})
+q = torch.randn(2, 32, 64, 128, device="cuda"); k = torch.randn(2, 8, 64, 128, device="cuda")
+pos = torch.arange(64, device="cuda")[None].expand(2, 64) + torch.tensor([[0], [7]], device="cuda")
+for name, rot in (("default", rope), ("yarn", yarn)):
+    rot(q, k)  # first calls build the cos/sin memo (allowed to sync once)
+    rot(q, k, positions=pos)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rot(q, k, offset=5)
+        rot(q, k, positions=pos)
+        posenc.attention(q, k, k, rotary=rot)
+        posenc.attention(q[:, :, -1:], k, k, rotary=rot, offset=3)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    print(f"{name}: forward paths ran with sync debug mode 'error'")
+PYEOF
+
+echo "== torch.compile on CUDA: no graph breaks, dynamic lengths, equal to eager"
+"$PY" -m pytest -q tests/test_compile.py
 
 echo "== test suite (kernels, attention)"
 "$PY" -m pytest -q tests/kernels/test_rotary_torch.py tests/test_attention.py
