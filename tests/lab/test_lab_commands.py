@@ -1,5 +1,6 @@
 """posenc train / eval / sample / compare on the command line: a round trip, and errors as one line."""
 
+import argparse
 import json
 
 import pytest
@@ -26,14 +27,34 @@ from posenc.cli import main
             else ["train", "--encoding", "rope", "--out", "{tmp}/r", "--device", "cuda:999"],
             "cuda",
         ),
+        # paths that cannot be written: refused before any work, naming the flag
+        (["train", "--encoding", "rope", "--out", "{tmp}/afile"], "--out '{tmp}/afile' is an existing file"),
+        (["train", "--encoding", "rope", "--out", "{tmp}/afile/run"], "'{tmp}/afile' is a file, not a dir"),
+        (["compare", "--out", "{tmp}/afile", "--preset", "tiny"], "--out '{tmp}/afile' is an existing file"),
+        (["compare", "--out", "{tmp}/afile/c", "--preset", "tiny"], "--out: cannot create"),
+        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--cache-dir", "{tmp}/afile"], "--cache-dir '"),
+        (["compare", "--out", "{tmp}/c", "--cache-dir", "{tmp}/afile"], "--cache-dir '{tmp}/afile' is an"),
+        (["eval", "{tmp}/empty", "--cache-dir", "{tmp}/afile"], "--cache-dir '{tmp}/afile' is an"),
+        (["eval", "{tmp}/empty", "--json", "{tmp}/empty"], "--json '{tmp}/empty' is a directory"),
+        (["eval", "{tmp}/empty", "--json", "{tmp}/afile/r.json"], "--json: cannot create '{tmp}/afile'"),
+        # "," is an empty list, not "everything"
+        (["compare", "--out", "{tmp}/c", "--schemes", ",", "--preset", "tiny"], "schemes=[] is empty; give"),
+        (["sample", "{tmp}/empty", "--temperature", "nan"], "temperature=nan must be a finite number >= 0"),
+        (["sample", "{tmp}/empty", "--temperature", "inf"], "temperature=inf must be a finite number >= 0"),
+        # a binary file is refused like a folder of binary files
+        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--corpus", "{tmp}/binary.dat"], "binary file"),
+        (["train", "--encoding", "rope", "--out", "{tmp}/r", "--grad-clip", "-1"], "grad_clip=-1.0 must be"),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "afile").write_text("not a directory")
+    (tmp_path / "binary.dat").write_bytes(bytes(range(256)) * 64)  # NUL bytes: not text
     code = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err.strip()
     assert code == 2
-    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
+    assert message.replace("{tmp}", str(tmp_path)) in err
+    assert err.startswith(f"posenc {argv[0]}: error: ") and len(err.splitlines()) == 1
 
 
 def test_cli_rejects_unknown_encoding_and_bad_lengths(capsys):
@@ -132,3 +153,117 @@ def test_cli_eval_refuses_an_unknown_extension(corpus_dir, tmp_path, capsys):
         "extensions=['pi', 'rerope']: unknown ['rerope']; allowed: pi, ntk, dynamic, yarn"
         in capsys.readouterr().err
     )
+
+
+TINY = ["--train-len", "16", "--n-layer", "1", "--n-head", "2", "--d-model", "16", "--batch-size", "2"]
+
+
+def test_cli_grad_clip_error_blames_grad_clip_alone(capsys):
+    assert main(["train", "--encoding", "rope", "--out", "x", "--grad-clip", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "posenc train: error: grad_clip=-1.0 must be a number >= 0 (0 turns clipping off)"
+
+
+def test_cli_even_sizes_are_asked_of_the_encoding_that_needs_them(capsys):
+    argv = ["train", "--out", "x", "--no-progress"]
+    assert main([*argv, "--encoding", "sinusoidal", "--d-model", "15", "--n-head", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "encoding='sinusoidal' needs an even d_model, got 15" in err and "RoPE" not in err
+    assert main([*argv, "--encoding", "rope", "--d-model", "30", "--n-head", "2"]) == 2
+    assert "encoding='rope' needs an even head size: d_model=30 / n_head=2 = 15" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("encoding", ["sinusoidal", "alibi", "learned", "none"])
+def test_odd_head_sizes_train_where_nothing_pairs_head_dimensions(encoding, corpus, tmp_path):
+    from posenc.lab.config import GPTConfig, TrainConfig
+    from posenc.lab.train import train
+
+    cfg = GPTConfig(encoding=encoding, n_layer=1, n_head=2, d_model=30, max_len=16)
+    assert cfg.head_dim == 15
+    r = train(cfg, TrainConfig(steps=2, batch_size=2), tmp_path / "r", corpus=corpus, progress=False)
+    assert r.step == 2 and r.model.generate(torch.zeros(1, 1, dtype=torch.long), 3).shape == (1, 4)
+
+
+def test_cli_passkey_minimum_is_the_shortest_length_that_works(tmp_path, capsys):
+    import re
+
+    from posenc.lab.evaluate import passkey_prompt
+
+    (tmp_path / "empty").mkdir()
+    assert main(["eval", str(tmp_path / "empty"), "--passkey-lens", "16,400"]) == 2
+    err = capsys.readouterr().err
+    assert "passkey lengths [16] are too short" in err and len(err.splitlines()) == 1
+    least = int(re.search(r"at least (\d+) bytes", err).group(1))
+    digits = 5  # the prompt holds least - 5 bytes, the model answers with the 5 key digits
+    ids, _ = passkey_prompt(least - digits, "12345", 0.5)
+    assert len(ids) == least - digits
+    with pytest.raises(ValueError, match="too short"):
+        passkey_prompt(least - digits - 1, "12345", 0.5)
+
+
+def test_cli_resume_without_a_checkpoint_says_it_starts_a_new_run(corpus_dir, tmp_path, capsys):
+    base = ["--corpus", str(corpus_dir), "--cache-dir", str(tmp_path / "cache"), "--no-progress", *TINY]
+    (tmp_path / "empty").mkdir()
+    for run in (tmp_path / "empty", tmp_path / "missing"):
+        assert (
+            main(["train", "--encoding", "rope", "--out", str(run), "--steps", "1", "--resume", *base]) == 0
+        )
+        captured = capsys.readouterr()
+        assert (
+            f"posenc train: --resume: no checkpoint in {str(run)!r} yet; starting a new run" in captured.err
+        )
+        assert "trained rope to step 1" in captured.out
+    assert main(["train", "--encoding", "rope", "--out", str(run), "--steps", "2", "--resume", *base]) == 2
+    assert "different configuration" in capsys.readouterr().err  # steps differ: a real resume was tried
+
+
+def _subparser(name):
+    from posenc.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+@pytest.mark.parametrize("command", ["train", "compare"])
+def test_cli_help_gives_every_option_a_meaning_and_its_default(command, capsys):
+    parser = _subparser(command)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps; compare with spaces collapsed
+    for action in parser._actions:
+        if not action.option_strings or action.option_strings[-1] == "--help":
+            continue
+        flag = action.option_strings[-1]
+        assert action.help, flag
+        text = " ".join(parser._get_formatter()._expand_help(action).split())
+        assert text in shown, flag
+        if action.default is not None and action.default is not False:
+            assert f"(default: {action.default})" in text, flag
+        elif not (action.required or isinstance(action, argparse._StoreTrueAction)):
+            assert "(default: " in text, flag  # None: the help says what happens instead
+
+
+def test_cli_train_defaults_to_eight_heads_and_compile_off():
+    args = _subparser("train").parse_args(["--encoding", "alibi", "--out", "x"])
+    assert args.n_head == 8 and args.compile is False
+
+
+def test_cli_compile_flag_reaches_training(monkeypatch, tmp_path):
+    import posenc.lab.compare as lab_compare
+    import posenc.lab.train as lab_train
+
+    seen = {}
+
+    def fake_train(*args, **kwargs):
+        seen["train"] = kwargs["compile"]
+        raise ValueError("stop here")
+
+    def fake_compare(*args, **kwargs):
+        seen["compare"] = kwargs["compile"]
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(lab_train, "train", fake_train)
+    monkeypatch.setattr(lab_compare, "run_compare", fake_compare)
+    assert main(["train", "--encoding", "rope", "--out", str(tmp_path / "r"), "--compile"]) == 2
+    assert main(["compare", "--out", str(tmp_path / "c"), "--preset", "tiny", "--compile"]) == 2
+    assert seen == {"train": True, "compare": True}

@@ -65,7 +65,7 @@ def test_cache_is_a_memory_map_and_is_rebuilt_when_a_file_changes(corpus_dir, ca
 
 def test_single_file_corpus_keeps_its_tail_for_validation(tmp_path, cache_dir):
     f = tmp_path / "book.txt"
-    f.write_bytes(bytes(range(256)) * 8)
+    f.write_bytes((bytes(range(1, 256)) + b"\n") * 8)  # every byte but NUL, which would make it binary
     c = load_corpus(f, cache_dir=cache_dir, val_percent=25)
     assert bytes(c.train) + bytes(c.val) == f.read_bytes()
     assert len(c.val) == 512
@@ -80,15 +80,31 @@ def test_default_corpus_is_the_stdlib_without_tests():
     assert not any(r.startswith("test/") or "/test/" in r or "site-packages" in r for r in rels)
 
 
-@pytest.mark.parametrize("make", ["missing", "empty", "binary"])
+@pytest.mark.parametrize("make", ["missing", "empty", "binary", "binary file"])
 def test_unusable_corpus_is_a_clear_error(tmp_path, cache_dir, make):
     path = tmp_path / "corpus"
-    if make != "missing":
+    if make in ("empty", "binary"):
         path.mkdir()
     if make == "binary":
         (path / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    if make == "binary file":  # refused like a folder holding only this file
+        path.write_bytes(b"\x00\x01\x02" * 100)
     with pytest.raises(CorpusError, match=str(path)):
         load_corpus(path, cache_dir=cache_dir)
+    assert not cache_dir.exists() or not any(cache_dir.rglob("*.npy"))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_token_cache_files_get_the_mode_the_umask_allows(corpus_dir, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        load_corpus(corpus_dir, cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(old)
+    files = sorted((tmp_path / "cache").rglob("*.npy"))
+    assert [f.name for f in files] == ["train.npy", "val.npy"]
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
 
 
 def test_too_small_corpus_names_the_path_and_the_need(tmp_path, cache_dir):

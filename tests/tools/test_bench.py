@@ -124,3 +124,13 @@ def test_materialised_case_is_skipped_when_it_cannot_fit(monkeypatch):
     monkeypatch.setattr(memory, "available_bytes", lambda device: 4 << 30)
     row = attention.run_case("sdpa+bias", 16384, 8, 64, 1)  # ~24 GiB needed: never started
     assert "skipped" in row and "GiB" in row["skipped"]
+
+
+@pytest.mark.parametrize("where, word", [("adir", "is a directory"), ("afile/x.json", "is a file")])
+def test_bench_out_that_cannot_be_written_is_refused_at_once(where, word, tmp_path, capsys, monkeypatch):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(rope, "run", lambda *a: pytest.fail("benchmarked before --out was checked"))
+    assert main(["bench", "--quick", "--out", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc bench: error: --out") and word in err and len(err.splitlines()) == 1

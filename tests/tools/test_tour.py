@@ -68,3 +68,25 @@ def test_help(argv, capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(argv)
     assert info.value.code == 0
+
+
+@pytest.mark.parametrize("where, word", [("afile", "is an existing file"), ("afile/sub", "is a file")])
+def test_tour_out_that_cannot_be_written_is_refused_before_the_claims(
+    where, word, tmp_path, capsys, monkeypatch
+):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setattr(tour, "run_claims", lambda: pytest.fail("the claims ran before --out was checked"))
+    assert cli.main(["tour", "--out", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc tour: error: --out") and word in err and len(err.splitlines()) == 1
+
+
+def test_tour_out_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    monkeypatch.setattr(
+        tour, "run_claims", lambda: pytest.fail("the claims ran before matplotlib was checked")
+    )
+    assert cli.main(["tour", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("posenc tour: error:") and "pip install posenc[plot]" in err
+    assert not (tmp_path / "tour.png").exists()

@@ -69,9 +69,30 @@ def _positive_int(text: str) -> int:
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="a text file or folder (default: this Python's standard library, *.py)")
-    p.add_argument("--cache-dir", help="token cache directory (default ~/.cache/posenc/tokens)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--threads", type=_positive_int, help="torch CPU threads for this process")
+    p.add_argument("--cache-dir", help="token cache directory (default: ~/.cache/posenc/tokens)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument(
+        "--threads", type=_positive_int, help="torch CPU threads for this process (default: torch's)"
+    )
+
+
+def _check_paths(args, out_dir: str | None = None) -> None:
+    """Refuse output and cache paths that cannot be written, before any work starts."""
+    from posenc.cli import check_output_dir
+
+    if out_dir is not None:
+        check_output_dir("--out", out_dir)
+    if getattr(args, "cache_dir", None) is not None:
+        check_output_dir("--cache-dir", args.cache_dir)
+
+
+def _compile_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="train through torch.compile (inductor): compiles for a while, then faster steps; "
+        "checkpoints are the same either way (docs/lab.md has the measured speed-ups)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -79,9 +100,11 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 @_guard("train")
 def cmd_train(args) -> int:
+    from posenc.lab.checkpoint import latest_checkpoint
     from posenc.lab.config import GPTConfig, TrainConfig
     from posenc.lab.train import train
 
+    _check_paths(args, args.out)
     model_cfg = GPTConfig(
         encoding=args.encoding,
         n_layer=args.n_layer,
@@ -98,6 +121,10 @@ def cmd_train(args) -> int:
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
     )
+    if args.resume and latest_checkpoint(args.out) is None:
+        print(
+            f"posenc train: --resume: no checkpoint in {args.out!r} yet; starting a new run", file=sys.stderr
+        )
     result = train(
         model_cfg,
         train_cfg,
@@ -109,6 +136,7 @@ def cmd_train(args) -> int:
         device=args.device,
         progress=not args.no_progress,
         stop_after=args.stop_after,
+        compile=args.compile,
     )
     import torch.distributed as dist
 
@@ -133,12 +161,18 @@ def cmd_train(args) -> int:
 
 @_guard("eval")
 def cmd_eval(args) -> int:
+    from posenc.cli import check_output_file
     from posenc.lab.checkpoint import load_model
     from posenc.lab.config import check_choices
     from posenc.lab.data import load_corpus
-    from posenc.lab.evaluate import EXTENSIONS, evaluate
+    from posenc.lab.evaluate import EXTENSIONS, check_passkey_lengths, evaluate
     from posenc.lab.report import markdown_table, past_table
 
+    _check_paths(args)
+    if args.json:
+        check_output_file("--json", args.json)
+    if args.passkey_lens:
+        check_passkey_lengths(args.passkey_lens)
     model, state = load_model(args.ckpt, args.device)
     train_len = model.cfg.max_len
     lens = args.lens or [train_len * m for m in (1, 2, 4, 8)]
@@ -161,7 +195,9 @@ def cmd_eval(args) -> int:
     if args.passkey_lens:
         report["passkey"] = _passkey(model, args, exts)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        path = Path(args.json).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2))
     return 0
 
 
@@ -190,8 +226,10 @@ def cmd_sample(args) -> int:
     import torch
 
     from posenc.lab.checkpoint import load_model
+    from posenc.lab.config import check_number
     from posenc.lab.data import decode, encode
 
+    check_number("temperature", args.temperature, low=0, finite=True, why="0 means greedy")
     model, _ = load_model(args.ckpt, args.device)
     prompt = encode(args.prompt)
     if not prompt:
@@ -216,12 +254,13 @@ def cmd_compare(args) -> int:
     from posenc.lab.compare import run_compare
     from posenc.lab.config import settings_for
 
+    _check_paths(args, args.out)
     settings = settings_for(
         args.preset,
         steps=args.steps,
         train_len=args.train_len,
         eval_mults=tuple(args.eval_mults) if args.eval_mults else None,
-        schemes=tuple(args.schemes) if args.schemes else None,
+        schemes=tuple(args.schemes) if args.schemes is not None else None,  # "," is an empty list
         seed=args.seed,
     )
     result = run_compare(
@@ -232,6 +271,7 @@ def cmd_compare(args) -> int:
         device=args.device,
         jobs=args.jobs,
         progress=not args.no_progress,
+        compile=args.compile,
     )
     print(result.table)
     print(f"\nwrote results.json, results.md, extrapolation.png to {args.out} ({result.wall_s:.0f} s)")
@@ -247,33 +287,45 @@ def add_commands(subparsers) -> None:
 
 
 def _add_train(subparsers) -> None:
+    from posenc.cli import HelpFormatter
     from posenc.lab.encodings import ENCODINGS
 
-    p = subparsers.add_parser("train", help="train a small GPT with one positional encoding")
-    p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS))
-    p.add_argument("--out", required=True, help="run directory (checkpoints, run.json)")
-    _data_args(p)
-    p.add_argument(
-        "--train-len", type=_positive_int, default=64, help="training sequence length (default 64)"
+    p = subparsers.add_parser(
+        "train", help="train a small GPT with one positional encoding", formatter_class=HelpFormatter
     )
-    p.add_argument("--steps", type=_positive_int, default=600)
+    p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS), help="the positional encoding")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, run.json); created if missing")
+    _data_args(p)
+    p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (bytes)")
+    p.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps")
     p.add_argument(
         "--batch-size", type=_positive_int, default=16, help="global batch, split across DDP ranks"
     )
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-layer", type=_positive_int, default=4)
-    p.add_argument("--n-head", type=_positive_int, default=4)
-    p.add_argument("--d-model", type=_positive_int, default=128)
-    p.add_argument("--ckpt-every", type=_positive_int, default=100, help="checkpoint interval in steps")
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's last checkpoint")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=50, help="linear warmup steps, then cosine decay")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
     p.add_argument(
-        "--stop-after", type=_positive_int, help="stop at this step (schedule still targets --steps)"
+        "--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0 turns it off"
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batch order")
+    p.add_argument("--n-layer", type=_positive_int, default=4, help="transformer blocks")
+    # 8 heads: ALiBi's slopes 2^(-8h/H) were chosen for 8 (Press et al. 2021), and docs/lab.md uses 8.
+    p.add_argument("--n-head", type=_positive_int, default=8, help="attention heads")
+    p.add_argument("--d-model", type=_positive_int, default=128, help="model width")
+    p.add_argument("--ckpt-every", type=_positive_int, default=100, help="checkpoint interval in steps")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run directory's last checkpoint; when there is none yet, start a new run "
+        "(and say so on stderr)",
+    )
+    p.add_argument(
+        "--stop-after",
+        type=_positive_int,
+        help="stop at this step; the schedule still targets --steps (default: run to --steps)",
+    )
+    _compile_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
 
@@ -311,10 +363,15 @@ def _add_sample(subparsers) -> None:
 
 
 def _add_compare(subparsers) -> None:
+    from posenc.cli import HelpFormatter
     from posenc.lab.config import PRESETS
 
-    p = subparsers.add_parser("compare", help="train every encoding short, evaluate long: table + plot")
-    p.add_argument("--out", default="runs/compare", help="output directory (default runs/compare)")
+    p = subparsers.add_parser(
+        "compare",
+        help="train every encoding short, evaluate long: table + plot",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--out", default="runs/compare", help="output directory; created if missing")
     p.add_argument(
         "--preset",
         default="quick",
@@ -325,14 +382,21 @@ def _add_compare(subparsers) -> None:
     p.add_argument(
         "--jobs",
         type=_positive_int,
-        help="models trained in parallel (default on CPU: all at once, one thread each; 1 on GPU)",
+        help="models trained in parallel (default: on CPU all at once, one thread each; 1 on GPU)",
     )
-    p.add_argument("--steps", type=_positive_int, help="override the preset's training steps")
-    p.add_argument("--train-len", type=_positive_int, help="override the preset's training length")
+    p.add_argument("--steps", type=_positive_int, help="training steps (default: the preset's)")
+    p.add_argument("--train-len", type=_positive_int, help="training length (default: the preset's)")
     p.add_argument(
-        "--eval-mults", type=_int_list, help="evaluation lengths as multiples of the training length"
+        "--eval-mults",
+        type=_int_list,
+        help="evaluation lengths as multiples of the training length (default: the preset's)",
     )
-    p.add_argument("--schemes", type=_str_list, help="encodings to compare (default all)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--schemes",
+        type=_str_list,
+        help="comma-separated encodings to compare (default: all of none,sinusoidal,learned,rope,alibi)",
+    )
+    p.add_argument("--seed", type=int, help="initialisation and batch order (default: the preset's, 0)")
+    _compile_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_compare)

@@ -42,7 +42,7 @@ from posenc.lab.evaluate import perplexities
 from posenc.lab.progress import CompareProgress, InlineQueue
 from posenc.lab.report import write_reports
 from posenc.lab.runtime import check_device
-from posenc.lab.train import train
+from posenc.lab.train import compile_backend, train
 
 __all__ = ["CompareResult", "run_compare"]
 
@@ -64,6 +64,7 @@ def _run_task(
     corpus: str | None,
     cache_dir: str | None,
     device: str,
+    compile: bool | str,
     events,
     extension: str | None = None,
 ) -> dict:
@@ -92,6 +93,7 @@ def _run_task(
             ckpt_every=s.ckpt_every,
             device=device,
             progress=False,
+            compile=compile,
             callback=lambda step, loss, tps: events.put(("step", scheme, step, loss, tps)),
         )
     train_s = time.perf_counter() - t0
@@ -210,10 +212,15 @@ def run_compare(
     device: str = "cpu",
     jobs: int | None = None,
     progress: bool = True,
+    compile: bool | str = False,
 ) -> CompareResult:
-    """Train and evaluate every scheme of ``settings``, write the report files into ``out``."""
+    """Train and evaluate every scheme of ``settings``, write the report files into ``out``.
+
+    ``compile`` trains each model through ``torch.compile`` (see :func:`posenc.lab.train.train`).
+    """
     t0 = time.perf_counter()
     check_device(device)
+    compile_backend(compile)  # a bad backend is refused before any worker starts
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # Load once here: errors about the corpus surface before any worker starts, and the token cache is
@@ -227,7 +234,7 @@ def run_compare(
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
     display = CompareProgress(settings.steps * len(order), order, enabled=progress)
-    args = (settings, str(out), corpus, cache_dir, device)
+    args = (settings, str(out), corpus, cache_dir, device, compile)
     if jobs == 1:
         rows = _run_inline(order, followups, args, display)
     else:

@@ -71,7 +71,9 @@ def check_choices(name: str, values, allowed: Iterable[str], *, empty_ok: bool =
     """A sequence of names, each one of ``allowed``; empty only when ``empty_ok``."""
     allowed = list(allowed)
     unknown = [v for v in values if v not in allowed]
-    if unknown or not (values or empty_ok):
+    if not values and not empty_ok:
+        raise LabError(f"{name}={list(values)!r} is empty; give one or more of: {', '.join(allowed)}")
+    if unknown:
         raise LabError(f"{name}={list(values)!r}: unknown {unknown}; allowed: {', '.join(allowed)}")
     return tuple(values)
 
@@ -110,10 +112,21 @@ class GPTConfig:
         check_choice("encoding", self.encoding, sorted(ENCODINGS))
         for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
             check_int(name, getattr(self, name))
-        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+        if self.d_model % self.n_head:
             raise LabError(
-                f"d_model={self.d_model} must be a multiple of n_head={self.n_head} with an even head size "
-                f"(RoPE rotates pairs of dimensions)"
+                f"d_model={self.d_model} must be a multiple of n_head={self.n_head} (each head gets "
+                f"d_model/n_head dimensions)"
+            )
+        # Only the encodings that pair dimensions need an even size, each a different one.
+        if self.encoding == "rope" and self.head_dim % 2:
+            raise LabError(
+                f"encoding='rope' needs an even head size: d_model={self.d_model} / n_head={self.n_head} "
+                f"= {self.head_dim} (RoPE rotates pairs of dimensions within each head)"
+            )
+        if self.encoding == "sinusoidal" and self.d_model % 2:
+            raise LabError(
+                f"encoding='sinusoidal' needs an even d_model, got {self.d_model} (each frequency fills a "
+                f"sin and a cos dimension)"
             )
 
     @property
@@ -154,7 +167,7 @@ class TrainConfig:
         check_int("warmup", self.warmup, minimum=0)
         check_number("lr", self.lr, low=0, low_open=True, finite=True)
         check_number("min_lr_ratio", self.min_lr_ratio, low=0, high=1)
-        check_number("grad_clip", self.grad_clip, low=0)
+        check_number("grad_clip", self.grad_clip, low=0, why="0 turns clipping off")
         check_number("weight_decay", self.weight_decay, low=0)
 
 

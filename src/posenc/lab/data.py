@@ -113,6 +113,9 @@ def _corpus_key(root: Path, files: list[Path], val_percent: float, pattern: str 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
+        # mkstemp makes the file 0600; a token cache holds public text and may be shared (a group's
+        # cache directory, DDP ranks under other users), so it gets the mode any new file would get.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             np.save(f, array)
         os.replace(tmp, path)
@@ -120,6 +123,12 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def _join(files: list[Path]) -> np.ndarray:
@@ -186,6 +195,11 @@ def load_corpus(
         root = Path(path).expanduser()
     if not root.exists():
         raise CorpusError(f"corpus {str(root)!r} does not exist; give a text file or a folder of text files")
+    if root.is_file() and _looks_binary(root):  # the rule list_files applies to a folder's files
+        raise CorpusError(
+            f"corpus {str(root)!r} is a binary file (a NUL byte in its first 8 KiB); give a text file or "
+            f"a folder of text files"
+        )
     files = [root] if root.is_file() else list_files(root, pattern)
     if not files:
         what = f"files matching {pattern!r}" if pattern else "text files"

@@ -85,6 +85,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     callback=None,
+    compile: bool | str = False,
 ) -> TrainResult:
     """Train a GPT on a corpus, checkpointing to ``out_dir`` every ``ckpt_every`` steps and at the end.
 
@@ -96,11 +97,15 @@ def train(
             the schedule still targets ``train_cfg.steps``. For interruption tests and time-boxing.
         callback: optional ``fn(step, loss, tokens_per_s)``, called every 10 steps on rank 0 (progress).
         device: "cpu", "cuda" or "cuda:N"; under torchrun with CUDA each rank uses ``cuda:LOCAL_RANK``.
+        compile: run the forward and backward through ``torch.compile`` (True: the default inductor
+            backend; a string names another backend, e.g. ``"aot_eager"`` in tests). Checkpoints hold
+            the plain module's weights either way, so eager and compiled runs resume each other.
 
     Returns:
         The trained model (unwrapped), the step reached, logged losses and throughput.
     """
     check_int("ckpt_every", ckpt_every)
+    backend = compile_backend(compile)
     procs = Processes.from_env()
     if train_cfg.batch_size % procs.world:
         raise LabError(
@@ -111,7 +116,7 @@ def train(
         corpus = load_corpus(
             corpus, cache_dir=cache_dir, min_train_tokens=model_cfg.max_len + 2, min_val_tokens=1
         )
-    run = _Run(model_cfg, train_cfg, Path(out_dir), corpus, procs, dev, ckpt_every)
+    run = _Run(model_cfg, train_cfg, Path(out_dir), corpus, procs, dev, ckpt_every, backend)
     start = run.restore(resume)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, stop_after)
     bar = _progress_bar(start, end, f"train {model_cfg.encoding}") if progress and procs.rank == 0 else None
@@ -120,6 +125,22 @@ def train(
     return TrainResult(
         model=run.model, step=max(start, end), losses=losses, tokens_per_s=tps, out_dir=run.out
     )
+
+
+def compile_backend(compile: bool | str) -> str | None:
+    """The ``torch.compile`` backend that ``compile`` asks for (None: eager), or a LabError naming it."""
+    if compile is False or compile is None:
+        return None
+    if compile is True:
+        return "inductor"
+    import torch._dynamo
+
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if not isinstance(compile, str) or compile not in backends:
+        raise LabError(
+            f"compile={compile!r} is not a torch.compile backend; allowed: True, False, {backends}"
+        )
+    return compile
 
 
 def _progress_bar(start: int, end: int, desc: str):
@@ -143,15 +164,19 @@ class _Run:
         procs: Processes,
         dev: torch.device,
         ckpt_every: int,
+        backend: str | None = None,
     ):
         self.cfg, self.out, self.corpus = train_cfg, out, corpus
         self.procs, self.dev, self.ckpt_every = procs, dev, ckpt_every
+        self.backend = backend
         self.seq = model_cfg.max_len
         self.state = run_state(model_cfg, train_cfg, corpus.path)
         torch.manual_seed(train_cfg.seed)
         self.model = GPT(model_cfg).to(dev)
         self.optimizer = make_optimizer(self.model, train_cfg)
-        self.net: torch.nn.Module = self.model  # wrapped in DDP by loop() when distributed
+        # What the steps call: the model, wrapped in DDP and/or compiled by loop(). Checkpoints and the
+        # optimizer use self.model, so saved keys never carry DDP's "module." or compile's "_orig_mod.".
+        self.net: torch.nn.Module = self.model
 
     def restore(self, resume: bool) -> int:
         """Load the latest checkpoint when resuming, record the run state; returns the step to start at."""
@@ -210,6 +235,12 @@ class _Run:
         """Steps ``start`` .. ``end``: returns ``[(step, loss)]`` every few steps and the last tokens/s."""
         if self.procs.distributed:
             self.net = torch.nn.parallel.DistributedDataParallel(self.model)
+        if self.backend is not None:
+            # Dynamo's recompile limit (8) counts every model compiled in this process against the one
+            # code object GPT.forward; a process that trains models one after another (compare with
+            # --jobs 1) would silently fall back to eager at the ninth. Each run starts afresh.
+            torch._dynamo.reset()
+            self.net = torch.compile(self.net, backend=self.backend)
         self.model.train()
         losses: list[tuple[int, float]] = []
         t0, tokens, tps = time.perf_counter(), 0, 0.0

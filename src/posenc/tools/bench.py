@@ -46,6 +46,14 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run the halves ``--only`` selects on ``--device``, print their tables, write ``--out``."""
     import torch
 
+    from posenc.cli import check_output_file
+
+    if args.out:
+        try:  # before the benchmarks, which take minutes
+            check_output_file("--out", args.out)
+        except ValueError as err:
+            print(f"posenc bench: error: {err}", file=sys.stderr)
+            return 2
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(
@@ -72,6 +80,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if result["targets"]:
         print(targets.targets_table(result["targets"]))
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
         print(f"wrote {args.out}")

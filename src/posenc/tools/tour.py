@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,6 +81,15 @@ def tour_figure() -> Figure:
 
 def run(args: argparse.Namespace) -> int:
     """Print every claim (and write the figure sheet with --out); exit code 1 when one fails."""
+    if args.out:
+        from posenc.cli import check_matplotlib, check_output_dir
+
+        try:  # before the claims, so a bad --out does not cost their run first
+            check_output_dir("--out", args.out)
+            check_matplotlib("--out (the figure sheet tour.png)")
+        except ValueError as err:
+            print(f"posenc tour: error: {err}", file=sys.stderr)
+            return 2
     start = time.perf_counter()
     claims = run_claims()
     print("posenc tour: the chapter's claims, checked in numbers")
