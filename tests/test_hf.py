@@ -285,3 +285,18 @@ def test_consistent_cache_makes_decoding_equal_a_full_forward(name):
     )
     assert stock > 1e-3 and patched > 1e-3  # transformers' semantics, kept by patch_model
     assert fixed <= LOGITS_TOL
+
+
+def test_a_config_without_rotary_embedding_is_refused_by_name():
+    from transformers import BertConfig, GPT2Config
+
+    for config in (
+        GPT2Config(),
+        BertConfig(),
+        {"model_type": "opt", "hidden_size": 64, "num_attention_heads": 4},
+    ):
+        with pytest.raises(ValueError, match=r"describes no rotary embedding"):
+            rotary_from_config(config)
+    # an early Llama config.json names no theta: still RoPE, with the default base
+    legacy = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
+    assert rotary_from_config(legacy).base == 10000.0
