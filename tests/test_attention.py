@@ -1,4 +1,5 @@
-"""posenc.attention and its ALiBi paths against the materialised-bias reference (numpy and torch)."""
+"""posenc.attention and its ALiBi and score-bias paths against the materialised-bias reference (numpy and
+torch)."""
 
 import math
 import os
@@ -15,9 +16,11 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import ALiBi, RotaryEmbedding, reference
-from posenc.attention import MATERIALISE_MAX, alibi_backend
+from posenc.attention import MATERIALISE_MAX, alibi_backend, bias_backend
 from posenc.kernels import rotate_eager
 from posenc.kernels.alibi_blocked import alibi_attention_blocked
+
+from .bias.oracles import NAMES, make_bias, oracle_attention
 
 
 def _materialised(q, k, v, alibi, causal, scale=None):
@@ -317,3 +320,73 @@ def test_empty_queries_give_empty_output_for_every_scheme(scheme):
     kwargs = {"rope": {"rotary": RotaryEmbedding(8)}, "alibi": {"bias": ALiBi(2)}, "none": {}}[scheme]
     out = posenc.attention(q, k, torch.randn(1, 2, 0, 4), **kwargs)
     assert out.shape == (1, 2, 0, 4)
+
+
+# --- score biases (T5, KERPLE, Sandwich, FIRE): one protocol, one blocked kernel ----------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(2, 4, 8, 16), (1, 4, 300, 8)])  # materialised and blocked paths
+def test_attention_score_bias_dispatch_matches_reference(name, shape):
+    b, h, seq, d = shape
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(b, h, seq, d, generator=gen)
+    k, v = torch.randn(b, h // 2, seq, d, generator=gen), torch.randn(b, h // 2, seq, d, generator=gen)
+    bias = make_bias(name, h)
+    assert bias_backend(q, k) == ("materialise" if b * h * seq * seq <= MATERIALISE_MAX else "blocked")
+    got = posenc.attention(q, k, v, bias=bias, scale=1.0 if name.startswith("t5") else None)
+    want = oracle_attention(q, k, v, bias, True, scale=1.0 if name.startswith("t5") else None)
+    np.testing.assert_allclose(got.detach().double().numpy(), want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("causal,q_len", [(True, 9), (True, 3), (False, 9), (False, 3)])
+def test_score_mod_on_index_tensors_equals_bias(name, causal, q_len):
+    """The score_mod the CUDA path compiles, evaluated on broadcast index tensors, against .bias()."""
+    bias = make_bias(name, 3)
+    mod = bias.score_mod(q_len, 9, causal)
+    h, qi, kj = (
+        torch.arange(3)[:, None, None],
+        torch.arange(q_len)[None, :, None],
+        torch.arange(9)[None, None],
+    )
+    got = mod(torch.zeros(3, q_len, 9), torch.tensor(0), h, qi, kj)
+    torch.testing.assert_close(got, bias.bias(q_len, 9, causal=causal), rtol=0, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["t5", "kerple-power", "fire"])
+def test_flex_score_mod_of_score_biases_matches_materialised(name):
+    """FlexAttention's eager CPU implementation (vmap over the indices) with each score_mod."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 3, 8, generator=gen)
+    k, v = torch.randn(2, 2, 9, 8, generator=gen), torch.randn(2, 2, 9, 8, generator=gen)
+    bias = make_bias(name, 4)
+    with torch.no_grad():
+        got = flex_attention(q, k, v, score_mod=bias.score_mod(3, 9, True), enable_gqa=True)
+        torch.testing.assert_close(got, _materialised(q, k, v, bias, True), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple-log", "sandwich", "fire"])
+def test_score_bias_kv_cache_decoding_bottom_right(name):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 80, 8, generator=gen) for _ in range(3))
+    bias = make_bias(name, 4)
+    full = posenc.attention(q, k, v, bias=bias)
+    for q_len in (1, 3, 70):  # materialised, materialised, blocked
+        last = posenc.attention(q[:, :, -q_len:], k, v, bias=bias)
+        torch.testing.assert_close(last, full[:, :, -q_len:], rtol=0, atol=2e-6)
+
+
+def test_score_bias_errors_and_empty_queries():
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(ValueError, match="KerpleBias has n_heads=3, but q has 2 heads"):
+        posenc.attention(q, q, q, bias=posenc.KerpleBias(3))
+    with pytest.raises(ValueError, match="T5Bias needs q_len <= k_len"):
+        posenc.attention(q, q[:, :, :2], q[:, :, :2], bias=posenc.T5Bias(2), causal=False)
+    with pytest.raises(ValueError, match="bias must be an ALiBi module, a ScoreBias"):
+        posenc.attention(q, q, q, bias="t5")
+    empty = torch.randn(1, 2, 0, 8)
+    assert posenc.attention(empty, empty, empty, bias=posenc.SandwichBias(2)).shape == (1, 2, 0, 8)

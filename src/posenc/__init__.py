@@ -10,7 +10,7 @@ import importlib
 from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
-from .bias import ALiBi, alibi_slopes
+from .bias import ALiBi, FireBias, KerpleBias, SandwichBias, ScoreBias, T5Bias, alibi_slopes
 from .rope import (
     AxialRotaryEmbedding,
     MRotaryEmbedding,
@@ -34,12 +34,17 @@ def __getattr__(name: str):
 __all__ = [
     "ALiBi",
     "AxialRotaryEmbedding",
+    "FireBias",
+    "KerpleBias",
     "LearnedEmbedding",
     "MRotaryEmbedding",
     "NoPositionalEncoding",
     "PositionError",
     "RotaryEmbedding",
+    "SandwichBias",
+    "ScoreBias",
     "SinusoidalEncoding",
+    "T5Bias",
     "alibi_slopes",
     "attention",
     "reference",

@@ -10,6 +10,10 @@ kernels, :mod:`posenc.kernels`), then attends:
     folded into an appended head dimension; forward and backward, O(L) memory per head.
   - tiny inputs (batch * heads * q_len * k_len <= ``MATERIALISE_MAX``): the materialised bias and SDPA,
     which is as fast there and has the fewest moving parts.
+* any other :class:`~posenc.bias.base.ScoreBias` (T5, KERPLE, Sandwich, FIRE, ...), never materialising
+  (heads, L, L) either: FlexAttention with its ``score_mod`` on CUDA; on the CPU
+  :mod:`posenc.kernels.bias_blocked` (one blocked kernel with its own backward for every bias), or the
+  materialised bias for tiny inputs, as for ALiBi.
 * a bias tensor: added as given (it is already materialised).
 """
 
@@ -22,9 +26,10 @@ import torch.nn.functional as F
 
 from . import _checks
 from .bias import ALiBi
+from .bias.base import ScoreBias
 from .rope import RotaryEmbedding
 
-__all__ = ["attention", "alibi_backend"]
+__all__ = ["attention", "alibi_backend", "bias_backend"]
 
 # At and below this many score entries (batch * heads * q_len * k_len), ALiBi on the CPU materialises the
 # bias: measured on 2 cores, the blocked path is as fast from 16 x 4 heads x 64^2 (2^18) up and 2-4x faster
@@ -54,37 +59,53 @@ def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
     return "blocked"
 
 
-def _alibi_attention(q, k, v, alibi: ALiBi, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
+def bias_backend(q: torch.Tensor, k: torch.Tensor) -> str:
+    """Which path :func:`attention` takes for a bias module: "flex", "materialise" or "blocked"."""
+    return alibi_backend(q, k)
+
+
+def _flex_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
+    """FlexAttention with ``bias.score_mod`` and a cached bottom-right causal block mask (CUDA)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     q_len, k_len = q.shape[-2], k.shape[-2]
-    backend = alibi_backend(q, k)
+    block_mask = None
+    if causal:
+        key = (q_len, k_len, str(q.device))
+        if key not in _block_masks:
+            if len(_block_masks) >= 16:
+                _block_masks.clear()
+            _block_masks[key] = create_block_mask(
+                bias.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device
+            )
+        block_mask = _block_masks[key]
+    return _flex()(
+        q,
+        k,
+        v,
+        score_mod=bias.score_mod(q_len, k_len, causal),
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
+
+
+def _bias_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
+    """ALiBi or any ScoreBias: FlexAttention on CUDA, the materialised bias when tiny, else blocked."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    backend = bias_backend(q, k)
     if backend == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        block_mask = None
-        if causal:
-            key = (q_len, k_len, str(q.device))
-            if key not in _block_masks:
-                if len(_block_masks) >= 16:
-                    _block_masks.clear()
-                _block_masks[key] = create_block_mask(
-                    alibi.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device
-                )
-            block_mask = _block_masks[key]
-        return _flex()(
-            q,
-            k,
-            v,
-            score_mod=alibi.score_mod(q_len, k_len, causal),
-            block_mask=block_mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
+        return _flex_attention(q, k, v, bias, causal, scale, enable_gqa)
     if backend == "materialise":
-        mask = alibi.bias(q_len, k_len, causal=causal).to(q.dtype)
+        mask = bias.bias(q_len, k_len, causal=causal).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-    from .kernels.alibi_blocked import alibi_attention_blocked
+    if isinstance(bias, ALiBi):
+        from .kernels.alibi_blocked import alibi_attention_blocked
 
-    return alibi_attention_blocked(q, k, v, alibi.slopes, causal=causal, scale=scale)
+        return alibi_attention_blocked(q, k, v, bias.slopes, causal=causal, scale=scale)
+    from .kernels.bias_blocked import bias_attention_blocked
+
+    return bias_attention_blocked(q, k, v, bias, causal=causal, scale=scale)
 
 
 def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
@@ -139,7 +160,7 @@ def attention(
     v: torch.Tensor,
     *,
     rotary: RotaryEmbedding | None = None,
-    bias: ALiBi | torch.Tensor | None = None,
+    bias: ALiBi | ScoreBias | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
@@ -152,9 +173,10 @@ def attention(
         q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim);
             v: (batch, kv_heads, k_len, v_dim). kv_heads may divide heads (grouped-query attention).
         rotary: a :class:`RotaryEmbedding` that rotates q and k before attending.
-        bias: an :class:`ALiBi` module; a boolean mask broadcastable to (batch, heads, q_len, k_len), True
-            where a query may attend (as ``scaled_dot_product_attention``'s ``attn_mask``); or a float tensor
-            added to the scores.
+        bias: an :class:`ALiBi` module or another score bias (:class:`~posenc.bias.base.ScoreBias`:
+            T5Bias, KerpleBias, SandwichBias, FireBias); a boolean mask broadcastable to (batch, heads, q_len,
+            k_len), True where a query may attend (as ``scaled_dot_product_attention``'s ``attn_mask``); or a
+            float tensor added to the scores.
         causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
         positions: (q_len,) or (batch, q_len) query positions for the rotary embedding; default: the last
             q_len of the key positions.
@@ -187,16 +209,20 @@ def attention(
             mask = _causal_mask(q_len, k_len, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
-    if isinstance(bias, ALiBi):
+    if isinstance(bias, (ALiBi, ScoreBias)):
+        name = type(bias).__name__
         if bias.n_heads != q.shape[1]:
-            raise ValueError(f"ALiBi has n_heads={bias.n_heads}, but q has {q.shape[1]} heads")
+            raise ValueError(f"{name} has n_heads={bias.n_heads}, but q has {q.shape[1]} heads")
         if not causal and q_len > k_len:
             raise ValueError(
-                f"ALiBi needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
+                f"{name} needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
             )
-        return _alibi_attention(q, k, v, bias, causal, scale, enable_gqa)
+        return _bias_attention(q, k, v, bias, causal, scale, enable_gqa)
     if not isinstance(bias, torch.Tensor):
-        raise ValueError(f"bias must be an ALiBi module, a tensor or None, got {type(bias).__name__}")
+        raise ValueError(
+            f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
+            f"tensor or None, got {type(bias).__name__}"
+        )
     mask, rows = _mask_tensor(bias, q, causal, k_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
     return out if rows is None else out.masked_fill(~rows, 0.0)

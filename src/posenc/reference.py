@@ -20,6 +20,11 @@ __all__ = [
     "alibi_bias",
     "softmax",
     "attention",
+    "t5_relative_bucket",
+    "t5_bias",
+    "kerple_bias",
+    "sandwich_bias",
+    "fire_bias",
 ]
 
 
@@ -266,3 +271,92 @@ def axial_rope(
     out[..., grid, first] = a * cos - b * sin
     out[..., grid, second] = a * sin + b * cos
     return out
+
+
+def _query_key_positions(q_len: int, k_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Query positions (q_len, 1), the last q_len of the k_len key positions (1, k_len)."""
+    return np.arange(k_len - q_len, k_len)[:, None], np.arange(k_len)[None, :]
+
+
+def t5_relative_bucket(
+    relative: int, bidirectional: bool = False, num_buckets: int = 32, max_distance: int = 128
+) -> int:
+    """T5's bucket of one relative position ``relative`` = key - query (Raffel et al. 2020, section 2.1; Mesh
+    TensorFlow's ``_relative_position_bucket``).
+
+    Bidirectional: half the buckets for keys after the query. Then the first half of a direction's n buckets
+    hold the distances 0 .. n/2 - 1 exactly; a distance d >= n/2 goes to n/2 + floor(log(d / (n/2)) /
+    log(max_distance / (n/2)) * (n - n/2)), at most n - 1. The logarithm is rounded to float32, as
+    transformers computes it, so that boundaries agree.
+    """
+    bucket = 0
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        if relative > 0:
+            bucket += n
+        distance = abs(relative)
+    else:
+        distance = max(-relative, 0)
+    exact = n // 2
+    if distance < exact:
+        return bucket + distance
+    ratio = np.float32(np.log(np.float32(distance) / np.float32(exact)))
+    large = exact + int(ratio / np.float32(math.log(max_distance / exact)) * np.float32(n - exact))
+    return bucket + min(large, n - 1)
+
+
+def t5_bias(
+    q_len: int,
+    k_len: int,
+    weight: np.ndarray,
+    bidirectional: bool = False,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> np.ndarray:
+    """T5's relative attention bias (Raffel et al. 2020): b[h, i, j] = weight[bucket(j - i), h]. Shape
+    (heads, q_len, k_len); weight (num_buckets, heads); queries are the last q_len positions; no mask."""
+    weight = _array(weight)
+    qi, kj = _query_key_positions(q_len, k_len)
+    out = np.zeros((weight.shape[1], q_len, k_len))
+    for a in range(q_len):
+        for j in range(k_len):
+            rel = int(kj[0, j] - qi[a, 0])
+            out[:, a, j] = weight[t5_relative_bucket(rel, bidirectional, num_buckets, max_distance)]
+    return out
+
+
+def kerple_bias(q_len: int, k_len: int, r1, r2, kind: str = "log") -> np.ndarray:
+    """KERPLE's kernels as a bias (Chi et al. 2022, arxiv.org/abs/2205.09921, section 4): per head,
+    log: -r1 * log(1 + r2 * |i - j|); power: -r1 * |i - j|^r2. Shape (heads, q_len, k_len); no mask."""
+    r1, r2 = _array(r1)[:, None, None], _array(r2)[:, None, None]
+    qi, kj = _query_key_positions(q_len, k_len)
+    d = np.abs(qi - kj).astype(np.float64)[None]
+    if kind == "log":
+        return -r1 * np.log(1.0 + r2 * d)
+    if kind == "power":
+        return -r1 * d**r2
+    raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
+
+
+def sandwich_bias(q_len: int, k_len: int, n_heads: int, dim: int = 128) -> np.ndarray:
+    """Sandwich (Chi et al. 2023, arxiv.org/abs/2212.10356): the inner product of the sinusoidal embeddings of
+    the two positions minus its value dim/2 at distance 0, divided by head h's compression ratio 8h/H.
+    Shape (n_heads, q_len, k_len); no mask."""
+    pe = sinusoidal(k_len, dim)
+    inner = pe[k_len - q_len :] @ pe.T - dim / 2
+    ratio = np.arange(1, n_heads + 1) * 8.0 / n_heads
+    return inner[None] / ratio[:, None, None]
+
+
+def fire_bias(q_len: int, k_len: int, w1, b1, w2, b2, c: float, threshold: float, eps: float = 1e-6):
+    """FIRE (Li et al. 2023, arxiv.org/abs/2310.04418, eq. 5-7): b[h, i, j] = f(psi(i - j) / psi(max(L, i)))_h
+    with psi(x) = log(c |x| + 1) (+ eps on the normaliser), f(u) = w2 relu(w1 u + b1) + b2. w1, b1: (hidden,);
+    w2: (heads, hidden); b2: (heads,). Shape (heads, q_len, k_len); no mask."""
+    w1, b1, w2, b2 = (_array(t) for t in (w1, b1, w2, b2))
+    qi, kj = _query_key_positions(q_len, k_len)
+    psi_rel = np.log(np.abs(c * (qi - kj)) + 1.0)
+    psi_norm = np.log(np.abs(c * np.maximum(threshold, qi)) + 1.0) + eps
+    u = psi_rel / psi_norm  # (q_len, k_len)
+    hidden = np.maximum(0.0, u[..., None] * w1.reshape(-1) + b1)  # (q_len, k_len, hidden)
+    return np.moveaxis(hidden @ w2.T + b2, -1, 0)

@@ -1,0 +1,116 @@
+"""The score-bias protocol: an object that gives the additive bias b_h(i, j) of head h, query position i and
+key position j.
+
+Two granularities, one interface:
+
+* **table biases** (T5, KERPLE, Sandwich): b_h(i, j) depends on i - j only. A subclass implements
+  :meth:`ScoreBias.table`, the (n_heads, n) bias at n signed distances; attention looks values up in one
+  (n_heads, 2 k_len - 1) table, and the gradient of a table entry is the sum of the score gradients dS along
+  its diagonal.
+* **tile biases** (FIRE, whose normaliser depends on the query position): a subclass sets ``per_tile = True``
+  and implements :meth:`ScoreBias.tile`, the (n_heads, nq, nk) bias of a block of queries and keys.
+
+Positions are absolute: with q_len < k_len the queries are the *last* q_len of the k_len positions
+(decoding with a KV cache), for :meth:`bias`, :meth:`score_mod` and :func:`posenc.attention` alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import _checks
+
+__all__ = ["ScoreBias"]
+
+
+def _lengths(q_len, k_len) -> tuple[int, int]:
+    _checks.positive_int("q_len", q_len)
+    k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
+    if k_len < q_len:
+        raise ValueError(
+            f"k_len must be >= q_len (queries are the last q_len keys), got k_len={k_len}, q_len={q_len}"
+        )
+    return q_len, k_len
+
+
+class ScoreBias(nn.Module):
+    """Base class of additive score biases (see the module docstring).
+
+    Subclasses set ``self.n_heads`` and implement :meth:`table` (``per_tile = False``) or :meth:`tile`
+    (``per_tile = True``). ``tile_width`` is the number of floats a tile bias computes per score (for FIRE the
+    MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it.
+    """
+
+    per_tile: bool = False
+    tile_width: int = 1
+
+    def table(self, distance: torch.Tensor) -> torch.Tensor:
+        """(n_heads, n) bias at the signed distances ``distance`` = i - j, a float tensor of shape (n,)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement table() or set per_tile = True")
+
+    def tile(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """(n_heads, nq, nk) bias of queries at ``q_pos`` (nq,) and keys at ``k_pos`` (nk,); no causal
+        mask."""
+        d = q_pos[:, None].to(torch.float32) - k_pos[None, :].to(torch.float32)
+        return self.table(d.reshape(-1)).view(-1, *d.shape)
+
+    def _device(self) -> torch.device:
+        for t in self.parameters():
+            return t.device
+        for t in self.buffers():
+            return t.device
+        return torch.device("cpu")
+
+    def distance_table(self, k_len: int, causal: bool = True, device=None) -> torch.Tensor:
+        """(n_heads, 2 k_len - 1): entry t is the bias at distance i - j = t - (k_len - 1); with ``causal``
+        the negative distances (keys after the query) are -inf. Differentiable in the bias's parameters."""
+        device = self._device() if device is None else device
+        if causal:
+            tab = self.table(torch.arange(k_len, device=device, dtype=torch.float32))
+            future = tab.new_full((tab.shape[0], k_len - 1), -math.inf)
+            return torch.cat((future, tab), dim=1)
+        return self.table(torch.arange(1 - k_len, k_len, device=device, dtype=torch.float32))
+
+    def bias(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+        """The materialised bias, (n_heads, q_len, k_len); with ``causal`` keys after the query get -inf."""
+        q_len, k_len = _lengths(q_len, k_len)
+        device = self._device()
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)
+        k_pos = torch.arange(k_len, device=device)
+        out = self.tile(q_pos, k_pos)
+        if causal:
+            out = out.masked_fill((k_pos[None, :] > q_pos[:, None])[None], -math.inf)
+        return out
+
+    def forward(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
+        return self.bias(q_len, k_len, causal)
+
+    def score_mod(self, q_len: int, k_len: int | None = None, causal: bool = True):
+        """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` adding this bias; query index q_idx sits
+        at position ``q_idx + k_len - q_len`` (bottom-right, as :meth:`bias`); with ``causal`` later keys get
+        -inf. A table bias looks its values up in :meth:`distance_table`; tile biases override this."""
+        q_len, k_len = _lengths(q_len, k_len)
+        shift, centre = k_len - q_len, k_len - 1
+        tab = self.distance_table(k_len, causal=False)
+
+        def table_score_mod(score, b, h, q_idx, kv_idx):
+            d = q_idx + shift - kv_idx
+            biased = score + tab[h, d + centre]
+            if causal:
+                biased = torch.where(d >= 0, biased, -math.inf)
+            return biased
+
+        return table_score_mod
+
+    def mask_mod(self, q_len: int, k_len: int | None = None):
+        """A FlexAttention ``mask_mod``: bottom-right causal masking, True where a key is visible."""
+        q_len, k_len = _lengths(q_len, k_len)
+        shift = k_len - q_len
+
+        def causal_mask_mod(b, h, q_idx, kv_idx):
+            return q_idx + shift >= kv_idx
+
+        return causal_mask_mod

@@ -1,0 +1,93 @@
+"""FIRE: functional interpolation for relative positions (Li et al. 2023, arxiv.org/abs/2310.04418)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .. import _checks
+from .base import ScoreBias, _lengths
+
+__all__ = ["FireBias"]
+
+
+class FireBias(ScoreBias):
+    """FIRE: b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c |x| + 1), an MLP f: 1 -> hidden -> heads
+    (ReLU), c and the threshold L learnable (Li et al. 2023, section 3 and their appendix's listing).
+
+    Args:
+        n_heads: attention heads; the MLP's output width.
+        hidden: the MLP's hidden width (paper: 32).
+        train_len: the training sequence length.
+        threshold: initial L; default ``train_len``.
+        c: initial c (paper: 0.1).
+
+    Why L starts at the training length: for queries before L the normaliser is psi(L), so during training
+    the MLP sees inputs up to psi(T - 1) / psi(L) only. With the paper's L = 512 and T = 64 that is about 0.5:
+    the MLP never learns (0.5, 1], yet past position L every query's farthest keys map there. With L <= T
+    training already covers [0, 1), and longer inputs stay in the range it was trained on. L = |L0 * m|
+    with a learnable multiplier m (init 1), as in the paper's listing; eps = 1e-6 keeps the normaliser > 0.
+
+    The normaliser depends on the query's absolute position, so this is a *tile* bias: queries of a decoding
+    step take their true positions (the last q_len of the k_len keys). Without a causal mask the distance is
+    |i - j| (psi's absolute value), so the bias is symmetric.
+    """
+
+    per_tile = True
+    eps = 1e-6
+
+    def __init__(self, n_heads: int, hidden: int = 32, *, train_len: int, threshold=None, c: float = 0.1):
+        super().__init__()
+        self.n_heads = _checks.positive_int("n_heads", n_heads)
+        self.hidden = _checks.positive_int("hidden", hidden)
+        self.train_len = _checks.positive_int("train_len", train_len)
+        threshold = float(train_len) if threshold is None else _checks.positive_float("threshold", threshold)
+        self.tile_width = hidden + n_heads
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, n_heads))
+        self.c = nn.Parameter(torch.tensor(_checks.positive_float("c", c)))
+        self.register_buffer("init_threshold", torch.tensor(threshold))
+        self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    @property
+    def threshold(self) -> torch.Tensor:
+        """L = |L0 * m|, a 0-dim tensor."""
+        return (self.init_threshold * self.threshold_multiplier).abs()
+
+    def normalised_distance(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """psi(i - j) / (psi(max(L, i)) + eps) for broadcastable position tensors i and j."""
+        dtype = self.c.dtype
+        i, j = i.to(dtype), j.to(dtype)
+        rel = torch.log(torch.abs(self.c * (i - j)) + 1)
+        norm = torch.log(torch.abs(self.c * torch.maximum(i, self.threshold)) + 1) + self.eps
+        return rel / norm
+
+    def _mlp(self, u: torch.Tensor, h=None) -> torch.Tensor:
+        """f(u) on the last axis: (..., heads), or head h's value (broadcast like u) when h is given."""
+        lin1, lin2 = self.mlp[0], self.mlp[2]
+        hid = torch.relu(u[..., None] * lin1.weight[:, 0] + lin1.bias)
+        if h is None:
+            return hid @ lin2.weight.T + lin2.bias
+        return (hid * lin2.weight[h]).sum(-1) + lin2.bias[h]
+
+    def tile(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        u = self.normalised_distance(q_pos[:, None], k_pos[None, :])
+        return self._mlp(u).permute(2, 0, 1)
+
+    def score_mod(self, q_len: int, k_len: int | None = None, causal: bool = True):
+        """FlexAttention ``score_mod``: the MLP evaluated per score (queries at q_idx + k_len - q_len)."""
+        q_len, k_len = _lengths(q_len, k_len)
+        shift = k_len - q_len
+
+        def fire_score_mod(score, b, h, q_idx, kv_idx):
+            i = q_idx + shift
+            biased = score + self._mlp(self.normalised_distance(i, kv_idx), h)
+            if causal:
+                biased = torch.where(i >= kv_idx, biased, -math.inf)
+            return biased
+
+        return fire_score_mod
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, hidden={self.hidden}, train_len={self.train_len}"

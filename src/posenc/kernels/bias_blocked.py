@@ -1,0 +1,252 @@
+"""Attention with any :class:`~posenc.bias.base.ScoreBias` in O(L) memory per head on the CPU, forward and
+backward, on torch's flash kernel.
+
+Queries go in blocks of n; each block is one call of
+``torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`` over the keys it may see, with the block's
+(heads, n, keys) bias as ``attn_mask``:
+
+* a **table** bias (a function of i - j) is a Toeplitz matrix, which is a zero-copy ``as_strided`` view of the
+  one (heads, 2 L - 1) distance table once the keys are taken in *reverse* order (then entry (a, j') is
+  table[offset + a + j']: both strides +1). k and v are flipped once (O(L)); no (heads, n, L) tensor exists.
+  With a causal mask the table holds -inf at negative distances, so the view is the causal mask too.
+* a **tile** bias (FIRE) computes its (heads, n, keys) block; blocks are sized so it stays small.
+
+The kernel returns each block's log-sum-exp; backward calls the kernel's own backward per block with the saved
+output and log-sum-exp. Learnable biases get exact gradients from each block's score gradient
+dS = P * (dO V^T - rowsum(dO * O)), recomputed in plain torch: for a table, table entry t collects the sum of
+dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, autograd of the
+recomputed tile against dS.
+
+Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache
+decoding).
+Grouped-query attention: k and v are expanded to q's heads once (O(L) memory).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+MAX_BLOCK = 512
+# Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block: n
+# is capped so that each stays within TEMP_ELEMS floats (16 MiB of float32).
+TEMP_ELEMS = 1 << 22
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << max(0, int(x).bit_length() - 1)
+
+
+def default_block(batch: int, heads: int, q_len: int, k_len: int, width: int, temporaries: bool) -> int:
+    """Queries per block: MAX_BLOCK, or fewer so that per-block temporaries stay within TEMP_ELEMS."""
+    n = MAX_BLOCK
+    if temporaries:
+        n = min(n, max(16, _pow2_floor(TEMP_ELEMS // max(1, batch * heads * k_len * width))))
+    return max(1, min(n, q_len))
+
+
+class _Table:
+    """A table bias: the (heads, 2 lk - 1) distance table, blocks as strided views against reversed keys."""
+
+    def __init__(self, tab: torch.Tensor, lk: int):
+        self.tab, self.lk = tab.contiguous(), lk
+
+    def mask(self, p0: int, n: int, kend: int) -> torch.Tensor:
+        h, s = self.tab.shape[0], self.tab.stride(0)
+        off = p0 - kend + self.lk
+        return self.tab.as_strided((1, h, n, kend), (0, s, 1, 1), self.tab.storage_offset() + off)
+
+    def new_grads(self):
+        return [torch.zeros_like(self.tab)]
+
+    def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
+        """grads[0][:, off + t] += sum over a + j' = t of ds[:, a, j'] (ds: (heads, n, kend))."""
+        h = ds.shape[0]
+        width = kend + n - 1
+        skew = F.pad(ds, (0, n)).flatten(1)[:, : n * width].view(h, n, width).sum(1)
+        off = p0 - kend + self.lk
+        grads[0][:, off : off + width] += skew
+
+
+class _Tile:
+    """A tile bias: each block's bias computed by ``bias.tile`` at reversed key positions."""
+
+    def __init__(self, bias, params, lk: int, causal: bool, work: torch.dtype, device):
+        self.bias, self.params, self.lk, self.causal, self.work = bias, params, lk, causal, work
+        self.pos = torch.arange(lk, device=device)
+
+    def _positions(self, p0: int, n: int, kend: int):
+        return self.pos[p0 : p0 + n], self.pos[:kend].flip(0)
+
+    def mask(self, p0: int, n: int, kend: int) -> torch.Tensor:
+        i, j = self._positions(p0, n, kend)
+        with torch.no_grad():
+            t = self.bias.tile(i, j).to(self.work)
+        if self.causal:
+            t = t.masked_fill((j[None, :] > i[:, None])[None], -math.inf)
+        return t[None]
+
+    def new_grads(self):
+        return [torch.zeros_like(p) for p in self.params]
+
+    def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
+        i, j = self._positions(p0, n, kend)
+        with torch.enable_grad():
+            t = self.bias.tile(i, j)
+            got = torch.autograd.grad(t, self.params, ds.to(t.dtype), allow_unused=True)
+        for g, d in zip(grads, got, strict=True):
+            if d is not None:
+                g += d
+
+
+def _blocks(lq: int, lk: int, causal: bool, block: int):
+    """(t0, t1, p0, kend): query rows [t0, t1) at positions p0.. and the keys [0, kend) they see."""
+    shift = lk - lq
+    for t0 in range(0, lq, block):
+        t1 = min(lq, t0 + block)
+        yield t0, t1, shift + t0, (shift + t1) if causal else lk
+
+
+def _prepare(q, k, v, work):
+    """q, reversed k and v in the work dtype, padded to one head dim e (the kernel needs equal q/k/v dims)."""
+    d, dv, g = q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1]
+    e = max(d, dv)
+    k = k.repeat_interleave(g, dim=1) if g > 1 else k
+    v = v.repeat_interleave(g, dim=1) if g > 1 else v
+    qw = F.pad(q.to(work), (0, e - d))
+    kr = F.pad(k.to(work).flip(2), (0, e - d))
+    vr = F.pad(v.to(work).flip(2), (0, e - dv))
+    return qw, kr, vr
+
+
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _spec(tile_bias, inputs, lk: int, causal: bool, work, device):
+    if tile_bias is None:
+        return _Table(inputs[0].detach().to(work), lk)
+    return _Tile(tile_bias, inputs, lk, causal, work, device)
+
+
+class BlockedBiasAttention(torch.autograd.Function):
+    """out = softmax(q k^T * scale + b_h(i, j) (+ causal mask)) v, block by block (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, tile_bias, causal: bool, scale: float, blocks: tuple, *inputs):
+        b, h, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[-1]
+        work = _work_dtype(q.dtype)
+        qw, kr, vr = _prepare(q, k, v, work)
+        spec = _spec(tile_bias, inputs, lk, causal, work, q.device)
+        out = qw.new_empty((b, h, lq, qw.shape[-1]))
+        lse = qw.new_empty((b, h, lq))
+        for t0, t1, p0, kend in _blocks(lq, lk, causal, blocks[0]):
+            o, l_ = _flash(
+                qw[:, :, t0:t1],
+                kr[:, :, lk - kend :],
+                vr[:, :, lk - kend :],
+                attn_mask=spec.mask(p0, t1 - t0, kend),
+                scale=scale,
+            )
+            out[:, :, t0:t1] = o
+            lse[:, :, t0:t1] = l_
+        ctx.save_for_backward(qw, kr, vr, out, lse, *inputs)
+        ctx.tile_bias, ctx.causal, ctx.scale, ctx.blocks = tile_bias, causal, scale, blocks
+        ctx.dims = (d, dv, k.shape[1], q.dtype, k.dtype, v.dtype)
+        return out[..., :dv].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qw, kr, vr, out, lse, *inputs = ctx.saved_tensors
+        d, dv, hk, q_dtype, k_dtype, v_dtype = ctx.dims
+        b, h, lq, e = qw.shape
+        lk, work = kr.shape[2], qw.dtype
+        spec = _spec(ctx.tile_bias, inputs, lk, ctx.causal, work, qw.device)
+        want = any(ctx.needs_input_grad[7:])
+        go = F.pad(grad_out.to(work), (0, e - dv))
+        dq, dkr, dvr = torch.zeros_like(qw), torch.zeros_like(kr), torch.zeros_like(vr)
+        grads = spec.new_grads() if want else None
+        for t0, t1, p0, kend in _blocks(lq, lk, ctx.causal, ctx.blocks[1] if want else ctx.blocks[0]):
+            mask = spec.mask(p0, t1 - t0, kend)
+            qb, gob, ob, lb = (
+                qw[:, :, t0:t1],
+                go[:, :, t0:t1],
+                out[:, :, t0:t1],
+                lse[:, :, t0:t1].contiguous(),
+            )
+            kb, vb = kr[:, :, lk - kend :], vr[:, :, lk - kend :]
+            dqp, dkp, dvp = _flash_bwd(gob, qb, kb, vb, ob, lb, 0.0, False, attn_mask=mask, scale=ctx.scale)
+            dq[:, :, t0:t1] = dqp
+            dkr[:, :, lk - kend :] += dkp
+            dvr[:, :, lk - kend :] += dvp
+            if want:  # dS = P * (dO V^T - rowsum(dO * O)), P recomputed from the saved log-sum-exp
+                p = torch.exp(torch.matmul(qb, kb.transpose(-1, -2)) * ctx.scale + mask - lb[..., None])
+                delta = (gob * ob).sum(-1, keepdim=True)
+                ds = p * (torch.matmul(gob, vb.transpose(-1, -2)) - delta)
+                spec.accumulate(grads, p0, t1 - t0, kend, ds.sum(0))
+        dk, dv_ = dkr.flip(2)[..., :d], dvr.flip(2)[..., :dv]
+        if h != hk:  # fold the expanded heads back onto their kv head
+            dk = dk.unflatten(1, (hk, h // hk)).sum(2)
+            dv_ = dv_.unflatten(1, (hk, h // hk)).sum(2)
+        input_grads = (
+            [g.to(x.dtype) for g, x in zip(grads, inputs, strict=True)] if want else [None] * len(inputs)
+        )
+        return dq[..., :d].to(q_dtype), dk.to(k_dtype), dv_.to(v_dtype), None, None, None, None, *input_grads
+
+
+def _check(q, k, v, bias, block) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(
+                f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
+    b, h, lq, d = q.shape
+    if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or h % k.shape[1]:
+        raise ValueError(
+            f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
+            f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if lq > k.shape[2]:
+        raise ValueError(
+            f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}"
+        )
+    if getattr(bias, "n_heads", None) != h or not (hasattr(bias, "tile") and hasattr(bias, "per_tile")):
+        raise ValueError(
+            f"bias must be a posenc ScoreBias with n_heads={h} (q's heads), got {type(bias).__name__} with "
+            f"n_heads={getattr(bias, 'n_heads', None)}"
+        )
+    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
+        raise ValueError(f"block must be an integer >= 1, got {block!r}")
+
+
+def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float | None = None, block=None):
+    """Attention with a score bias without materialising it. q (B, H, Lq, D); k (B, Hk, Lk, D);
+    v (B, Hk, Lk, Dv); ``bias`` a :class:`~posenc.bias.base.ScoreBias` with H heads.
+
+    Returns (B, H, Lq, Dv) in q's dtype; differentiable in q, k, v and the bias's parameters. ``block``
+    (queries per block) defaults to :func:`default_block`.
+    """
+    _check(q, k, v, bias, block)
+    b, h, lq, _ = q.shape
+    lk = k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if bias.per_tile:
+        tile_bias, inputs = bias, tuple(p for p in bias.parameters() if p.requires_grad)
+    else:
+        tile_bias, inputs = None, (bias.distance_table(lk, causal, device=q.device),)
+    width = bias.tile_width if bias.per_tile else 0
+    if block is None:
+        blocks = (
+            default_block(1, 1, lq, lk, width, bias.per_tile),
+            default_block(b, h, lq, lk, 4 + width, True),
+        )
+    else:
+        blocks = (block, block)
+    return BlockedBiasAttention.apply(q, k, v, tile_bias, bool(causal), scale, blocks, *inputs)
