@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def _guard(name: str):
                 return fn(args)
             except (
                 ValueError,
-                FileNotFoundError,
+                OSError,  # a write refused after the up-front checks (a full disk, a read-only mount)
                 IndexError,
             ) as e:  # LabError, CorpusError, PositionError...
                 print(f"posenc {name}: error: {e}", file=sys.stderr)
@@ -121,7 +122,8 @@ def cmd_train(args) -> int:
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
     )
-    if args.resume and latest_checkpoint(args.out) is None:
+    first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one note rather than one per rank
+    if args.resume and first_rank and latest_checkpoint(args.out) is None:
         print(
             f"posenc train: --resume: no checkpoint in {args.out!r} yet; starting a new run", file=sys.stderr
         )
