@@ -64,3 +64,19 @@ def test_errors_name_the_argument():
         FireBias(2, train_len=8, threshold=-1)
     with pytest.raises(ValueError, match="hidden must be an integer >= 1"):
         FireBias(2, hidden=0, train_len=8)
+
+
+@given(st.integers(0, 10_000), st.booleans())
+def test_piecewise_linear_tile_equals_the_mlp(seed, zero_weights):
+    """tile() evaluates f through its breakpoints; the MLP itself (score_mod's form) gives the same values."""
+    gen = torch.Generator().manual_seed(seed)
+    fire = FireBias(3, hidden=6, train_len=8).double()
+    with torch.no_grad():
+        for p in fire.mlp.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        if zero_weights:
+            fire.mlp[0].weight[::2] = 0.0
+    q_pos, k_pos = torch.arange(20, 30), torch.arange(30)
+    with torch.no_grad():
+        want = fire._mlp(fire.normalised_distance(q_pos[:, None], k_pos[None, :])).permute(2, 0, 1)
+        torch.testing.assert_close(fire.tile(q_pos, k_pos), want, rtol=0, atol=1e-12)
