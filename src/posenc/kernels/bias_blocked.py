@@ -33,9 +33,10 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 MAX_BLOCK = 512
-# Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block: n
-# is capped so that each stays within TEMP_ELEMS floats (16 MiB of float32).
-TEMP_ELEMS = 1 << 22
+# Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block;
+# n is capped so that together they stay within TEMP_ELEMS floats (64 MiB of float32). Larger blocks mean
+# fewer ops (docs/relative-biases.md has the measurement).
+TEMP_ELEMS = 1 << 24
 
 
 def _pow2_floor(x: int) -> int:
@@ -43,7 +44,8 @@ def _pow2_floor(x: int) -> int:
 
 
 def default_block(batch: int, heads: int, q_len: int, k_len: int, width: int, temporaries: bool) -> int:
-    """Queries per block: MAX_BLOCK, or fewer so that per-block temporaries stay within TEMP_ELEMS."""
+    """Queries per block: MAX_BLOCK, or fewer so that ``width`` temporaries of (batch, heads, n, k_len) stay
+    within TEMP_ELEMS."""
     n = MAX_BLOCK
     if temporaries:
         n = min(n, max(16, _pow2_floor(TEMP_ELEMS // max(1, batch * heads * k_len * width))))
