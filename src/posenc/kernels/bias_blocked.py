@@ -34,9 +34,9 @@ _flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 MAX_BLOCK = 512
 # Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block;
-# n is capped so that together they stay within TEMP_ELEMS floats (64 MiB of float32). Larger blocks mean
+# n is capped so that together they stay within TEMP_ELEMS floats (32 MiB of float32). Larger blocks mean
 # fewer ops (docs/relative-biases.md has the measurement).
-TEMP_ELEMS = 1 << 24
+TEMP_ELEMS = 1 << 23
 
 
 def _pow2_floor(x: int) -> int:
