@@ -139,3 +139,12 @@ def test_modules_run_shape_only_on_the_meta_device():
     assert qo.device.type == "meta" and qo.shape == q.shape and ko.shape == k.shape
     assert posenc.attention(q, k, k, rotary=rope).shape == (2, 4, 5, 16)
     assert posenc.SinusoidalEncoding(16)(torch.empty(2, 5, 16, device="meta")).device.type == "meta"
+
+
+def test_sinusoidal_compiles_once_and_never_fills_its_memo_while_traced():
+    enc = posenc.SinusoidalEncoding(16)
+    compiled = torch.compile(enc, fullgraph=True, dynamic=True, backend="aot_eager")
+    for seq in (5, 9, 13):
+        x = torch.randn(2, seq, 16)
+        torch.testing.assert_close(compiled(x), enc(x) if seq == 13 else posenc.SinusoidalEncoding(16)(x))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -194,3 +194,9 @@ def test_changing_the_scaling_dict_after_construction_changes_nothing():
     torch.testing.assert_close(
         rope.inv_freq, posenc.rope_frequencies(8, scaling={"rope_type": "linear", "factor": 2.0})[0]
     )
+
+
+def test_yarn_with_a_base_of_one_is_named():
+    scaling = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "rope_theta": 1.0}
+    with pytest.raises(ValueError, match=r"'yarn' needs a base \(rope_theta\) > 1"):
+        posenc.RotaryEmbedding(8, scaling=scaling)

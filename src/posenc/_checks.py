@@ -34,6 +34,8 @@ _INT = (int, torch.SymInt)
 
 def plain(value):
     """A numpy scalar or one-element tensor as the Python number it holds; anything else unchanged."""
+    if isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
+        return value
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
         return value.item()
     if hasattr(value, "dtype") and hasattr(value, "item") and getattr(value, "shape", None) == ():

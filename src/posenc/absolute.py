@@ -54,6 +54,10 @@ class SinusoidalEncoding(nn.Module):
         if end > _CACHE_LIMIT:  # a table reaching far positions would take gigabytes: compute just these rows
             return self._encode(torch.arange(offset, end, device=device))
         cached = self._cache.get(device)
+        if _checks.tracing():  # read a memo an eager call made; never write one from inside a graph
+            if cached is not None and end <= cached.shape[0]:
+                return cached[offset:end]
+            return self._encode(torch.arange(offset, end, device=device))
         if cached is None or cached.shape[0] < end:
             size = max(end, 2 * (0 if cached is None else cached.shape[0]), 256)
             cached = self._cache[device] = self._encode(torch.arange(size, device=device))

@@ -298,6 +298,7 @@ class _Method:
     factor_key: the parameter a per-sequence factor overrides (None: cannot be overridden).
     whole_head: frequencies span the whole head (zero past the rotated fraction) instead of rotary_dim.
     min_dim: the smallest rotary dimension the method is defined for.
+    log_base: the method divides by log(base), so base must exceed 1.
     """
 
     fn: Callable[..., Frequencies]
@@ -309,6 +310,7 @@ class _Method:
     factor_key: str | None = "factor"
     whole_head: bool = False
     min_dim: int = 2  # NTK-style methods raise base to d/(d-2): undefined for a single pair
+    log_base: bool = False  # divides by log(base): needs base > 1
 
 
 _YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
@@ -325,13 +327,16 @@ METHODS: dict[str, _Method] = {
         length_dependent=True,
         min_dim=4,
     ),
-    "yarn": _Method(yarn_frequencies, ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL),
+    "yarn": _Method(
+        yarn_frequencies, ("factor", "original_max_position_embeddings"), _YARN_OPTIONAL, log_base=True
+    ),
     "dynamic_yarn": _Method(
         dynamic_yarn_frequencies,
         ("original_max_position_embeddings",),
         ("factor", *_YARN_OPTIONAL),
         length_dependent=True,
         factor_key=None,
+        log_base=True,
     ),
     "llama3": _Method(
         llama3_frequencies,
@@ -534,6 +539,10 @@ def resolve_schedule(
             f"rope_type {name!r} needs max_position_embeddings (the model's context length"
             + (", to derive the factor" if name == "longrope" else "")
             + "), got None"
+        )
+    if METHODS[name].log_base and base <= 1:
+        raise ValueError(
+            f"rope_type {name!r} needs a base (rope_theta) > 1 (its ramp divides by log(base)), got {base!r}"
         )
     rotary_dim = _rotary_dim(head_dim, rotary_dim, None if METHODS[name].whole_head else prf)
     if rotary_dim < METHODS[name].min_dim:
