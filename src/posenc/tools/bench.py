@@ -43,7 +43,7 @@ def _summary(machine: dict) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run the halves ``--only`` selects on ``--device``, print their tables, write ``--out``."""
+    """Run the parts ``--only`` selects on ``--device``, print their tables, write ``--out``."""
     import torch
 
     from posenc.cli import check_output_file
@@ -60,23 +60,25 @@ def run_bench(args: argparse.Namespace) -> int:
             "posenc bench: error: --device cuda: no CUDA device is available on this machine", file=sys.stderr
         )
         return 2
-    from .benchmarks import attention, presets, rope, targets
+    from .benchmarks import attention, presets, rope, serving, targets
 
     preset = presets.preset(device, args.quick)
     result = {"device": device.type, "quick": bool(args.quick), "machine": _machine(device)}
     print(_summary(result["machine"]))
-    result["rope"] = rope.run(preset, device, args.repeat) if args.only in (None, "rope") else []
-    if result["rope"]:
-        print(rope.rope_table(result["rope"]) + "\n", flush=True)
-    result["attention"] = (
-        attention.run(preset, device, args.repeat) if args.only in (None, "attention") else []
-    )
-    if result["attention"]:
-        print(attention.attention_table(result["attention"]) + "\n", flush=True)
+    parts = {
+        "rope": (lambda: rope.run(preset, device, args.repeat), rope.rope_table),
+        "serving": (lambda: serving.run(device, args.quick, args.repeat), serving.serving_table),
+        "attention": (lambda: attention.run(preset, device, args.repeat), attention.attention_table),
+    }
+    for name, (run, table) in parts.items():
+        result[name] = run() if args.only in (None, name) else []
+        if result[name]:
+            print(table(result[name]) + "\n", flush=True)
     result["machine"]["load_average_after"] = os.getloadavg()
     # The targets are about the full CPU shapes; --quick is a smoke test of the machinery.
     full_cpu = device.type == "cpu" and not args.quick
-    result["targets"] = targets.targets(result["rope"], result["attention"]) if full_cpu else []
+    rows = (result["rope"], result["attention"], result["serving"])
+    result["targets"] = targets.targets(*rows) if full_cpu else []
     if result["targets"]:
         print(targets.targets_table(result["targets"]))
     if args.out:
@@ -113,7 +115,9 @@ def add_commands(subparsers) -> None:
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke test")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
-    p.add_argument("--only", choices=("rope", "attention"), help="run one half only")
+    p.add_argument(
+        "--only", choices=("rope", "serving", "attention"), help="run one part only (serving: decode/prefill)"
+    )
     p.add_argument(
         "--repeat",
         type=_repeat,
