@@ -24,8 +24,8 @@ from posenc.lab.errors import LabError
 def test_settings_validation():
     with pytest.raises(LabError, match="preset='huge' is not known; allowed: tiny, quick, gpu"):
         settings_for("huge")
-    with pytest.raises(LabError, match=r"unknown \['t5'\]"):
-        Settings(schemes=("rope", "t5"))
+    with pytest.raises(LabError, match=r"unknown \['nope'\]"):
+        Settings(schemes=("rope", "nope"))
     with pytest.raises(LabError, match=r"unknown \['rerope'\]; allowed: pi, ntk, dynamic, yarn"):
         Settings(extensions=("pi", "rerope"))
     assert settings_for("quick", steps=None).steps == PRESETS["quick"].steps

@@ -15,11 +15,11 @@ def test_registry_has_the_five_schemes():
 def test_each_scheme_builds_the_modules_it_needs():
     cfg = GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=8)
     assert isinstance(ENCODINGS["rope"](cfg).rotary, posenc.RotaryEmbedding)
-    assert isinstance(ENCODINGS["alibi"](cfg).alibi, posenc.ALiBi)
+    assert isinstance(ENCODINGS["alibi"](cfg).bias, posenc.ALiBi)
     assert isinstance(ENCODINGS["learned"](cfg).input, posenc.LearnedEmbedding)
     assert isinstance(ENCODINGS["sinusoidal"](cfg).input, posenc.SinusoidalEncoding)
     none = ENCODINGS["none"](cfg)
-    assert isinstance(none.input, posenc.NoPositionalEncoding) and none.rotary is none.alibi is None
+    assert isinstance(none.input, posenc.NoPositionalEncoding) and none.rotary is none.bias is None
 
 
 def test_a_registered_encoding_is_a_valid_config_and_builds_a_model():
@@ -46,3 +46,42 @@ def test_extension_scaling_is_the_hugging_face_dict_of_each_method():
         "factor": 4.0,
         "original_max_position_embeddings": 64,
     }
+
+
+def test_all_expands_to_every_built_in_scheme_once():
+    from posenc.lab.config import Settings
+    from posenc.lab.encodings import BUILTIN
+
+    assert Settings(schemes=("rope", "all")).schemes == ("rope", *[s for s in BUILTIN if s != "rope"])
+
+
+USER_SCHEME = """
+import posenc
+from posenc.lab.encodings import Encoding
+
+
+def halved_alibi(cfg):
+    return Encoding(bias=posenc.ALiBi(cfg.n_head, slopes=posenc.alibi_slopes(cfg.n_head) / 2))
+"""
+
+
+def test_a_researchers_own_scheme_runs_in_compare_without_editing_posenc(corpus_dir, tmp_path):
+    """--schemes path/to/file.py:function imports the builder in every worker process."""
+    import json
+
+    from posenc.cli import main
+
+    from .test_lab_compare import tiny_compare_args
+
+    user = tmp_path / "my_encodings.py"
+    user.write_text(USER_SCHEME)
+    spec = f"{user}:halved_alibi"
+    args = tiny_compare_args(
+        tmp_path / "run", corpus_dir, tmp_path / "cache", jobs=2, schemes=f"alibi,{spec}"
+    )
+    assert main(args) == 0
+    rows = {
+        r["scheme"]: r["ppl"] for r in json.loads((tmp_path / "run" / "results.json").read_text())["results"]
+    }
+    assert set(rows) == {"alibi", spec}
+    assert rows[spec] != rows["alibi"]  # the slopes differ, so the trained models do

@@ -295,7 +295,11 @@ def _add_train(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train a small GPT with one positional encoding", formatter_class=HelpFormatter
     )
-    p.add_argument("--encoding", required=True, choices=sorted(ENCODINGS), help="the positional encoding")
+    p.add_argument(
+        "--encoding",
+        required=True,
+        help=f"the positional encoding: one of {', '.join(sorted(ENCODINGS))}, or package.module:function",
+    )
     p.add_argument("--out", required=True, help="run directory (checkpoints, run.json); created if missing")
     _data_args(p)
     p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (bytes)")

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields, replace
 
 from posenc.lab.data import VOCAB_SIZE
-from posenc.lab.encodings import ENCODINGS, EXTENSIONS
+from posenc.lab.encodings import ENCODINGS, EXTENSIONS, expand_schemes, lookup
 from posenc.lab.errors import LabError
 
 # ---------------------------------------------------------------------------------------------- validators
@@ -109,7 +109,7 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        check_choice("encoding", self.encoding, sorted(ENCODINGS))
+        lookup(self.encoding)
         for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
             check_int(name, getattr(self, name))
         if self.d_model % self.n_head:
@@ -197,7 +197,9 @@ class Settings:
     ckpt_every: int = 100
 
     def __post_init__(self):
-        check_choices("schemes", self.schemes, sorted(ENCODINGS))
+        if not self.schemes:
+            check_choices("schemes", self.schemes, sorted(ENCODINGS))  # the "is empty" message
+        object.__setattr__(self, "schemes", expand_schemes(self.schemes))
         check_choices("extensions", self.extensions, EXTENSIONS, empty_ok=True)
         check_lengths("eval_mults", self.eval_mults)
         check_int("train_len", self.train_len)

@@ -5,7 +5,10 @@ function returning the modules the model needs:
 
     @register_encoding("mine")
     def _mine(cfg: GPTConfig) -> Encoding:
-        return Encoding(input=..., rotary=..., alibi=...)
+        return Encoding(input=..., rotary=..., bias=...)
+
+A researcher's own scheme needs no edit here: ``--schemes package.module:function`` (or
+``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`).
 
 This module imports nothing of the laboratory but its errors, so :mod:`posenc.lab.config` can check an
 encoding name against :data:`ENCODINGS` without an import cycle.
@@ -13,13 +16,17 @@ encoding name against :data:`ENCODINGS` without an import cycle.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torch import nn
 
 import posenc
+from posenc.lab.errors import LabError
 
 if TYPE_CHECKING:
     from posenc.lab.config import GPTConfig
@@ -31,12 +38,12 @@ class Encoding:
 
     input: adds position to the embeddings, ``(B, T, D), offset -> (B, T, D)``.
     rotary: rotates q and k in every layer (RoPE), or None.
-    alibi: the attention-score bias passed to :func:`posenc.attention`, or None.
+    bias: the attention-score bias passed to :func:`posenc.attention` (ALiBi, T5, KERPLE, ...), or None.
     """
 
-    input: nn.Module
+    input: nn.Module = field(default_factory=posenc.NoPositionalEncoding)
     rotary: posenc.RotaryEmbedding | None = None
-    alibi: posenc.ALiBi | None = None
+    bias: nn.Module | None = None
 
 
 ENCODINGS: dict[str, Callable[[GPTConfig], Encoding]] = {}
@@ -70,13 +77,67 @@ def _learned(cfg: GPTConfig) -> Encoding:
 
 @register_encoding("rope")
 def _rope(cfg: GPTConfig) -> Encoding:
-    rotary = posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base)
-    return Encoding(input=posenc.NoPositionalEncoding(), rotary=rotary)
+    return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base))
 
 
 @register_encoding("alibi")
 def _alibi(cfg: GPTConfig) -> Encoding:
-    return Encoding(input=posenc.NoPositionalEncoding(), alibi=posenc.ALiBi(cfg.n_head))
+    return Encoding(bias=posenc.ALiBi(cfg.n_head))
+
+
+BUILTIN = tuple(ENCODINGS)  # the schemes above, in the order `--schemes all` runs them
+
+
+def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
+    """The builder registered as ``name``. A ``"package.module:function"`` or ``"path/file.py:function"``
+    spec is imported and registered under that spec on first use, in every process that asks (compare's
+    workers included), so a researcher's scheme runs like the built-ins without editing posenc."""
+    if name in ENCODINGS:
+        return ENCODINGS[name]
+    if not isinstance(name, str) or ":" not in name:
+        raise LabError(
+            f"encoding={name!r} is not known; allowed: {', '.join(sorted(ENCODINGS))}, "
+            "or your own as 'package.module:function' / 'path/to/file.py:function'"
+        )
+    where, _, attr = name.rpartition(":")
+    try:
+        module = _import(where)
+    except (ImportError, OSError, SyntaxError) as err:
+        raise LabError(f"encoding={name!r}: cannot import {where!r}: {err}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise LabError(f"encoding={name!r}: {where!r} has no function {attr!r} (fn(cfg) -> Encoding)")
+    ENCODINGS[name] = fn
+    return fn
+
+
+def _import(where: str):
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    path = Path(where).resolve()
+    spec = importlib.util.spec_from_file_location(f"posenc_user_{path.stem}", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise ImportError(f"no Python file at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def expand_schemes(names) -> tuple[str, ...]:
+    """``names`` with ``"all"`` replaced by every built-in scheme; each name checked by :func:`lookup`."""
+    unknown = [n for n in names if n != "all" and n not in ENCODINGS and ":" not in str(n)]
+    if unknown:
+        raise LabError(
+            f"schemes={list(names)!r}: unknown {unknown}; allowed: all, {', '.join(sorted(ENCODINGS))}, "
+            "or your own as 'package.module:function' / 'path/to/file.py:function'"
+        )
+    out: list[str] = []
+    for name in names:
+        for n in BUILTIN if name == "all" else (name,):
+            lookup(n)
+            if n not in out:
+                out.append(n)
+    return tuple(out)
 
 
 # RoPE eval-time context extensions: the lab's name -> the Hugging Face ``rope_type`` it selects.

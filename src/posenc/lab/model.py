@@ -22,7 +22,7 @@ from torch import nn
 
 import posenc
 from posenc.lab.config import GPTConfig, check_choice, check_number
-from posenc.lab.encodings import ENCODINGS, EXTENSIONS, extension_scaling
+from posenc.lab.encodings import EXTENSIONS, extension_scaling, lookup
 from posenc.lab.errors import LabError
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "next_byte_loss", "rope_extension"]
@@ -80,7 +80,7 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         rotary: posenc.RotaryEmbedding | None,
-        alibi: posenc.ALiBi | None,
+        bias: torch.nn.Module | None,
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> torch.Tensor:
@@ -92,7 +92,7 @@ class Block(nn.Module):
             k, v = cache.append(layer, k, v)
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
         # places them, so one call serves training (T == len) and cached decoding (T < len).
-        y = posenc.attention(q, k, v, rotary=rotary, bias=alibi, causal=True)  # (B, H, T, hd)
+        y = posenc.attention(q, k, v, rotary=rotary, bias=bias, causal=True)  # (B, H, T, hd)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
 
@@ -108,16 +108,16 @@ class GPT(nn.Module):
     forward(idx (B, T) int64, cache=None) -> logits (B, T, V) float32. With a :class:`KVCache`, ``idx``
     holds only the new tokens; their positions continue from ``cache.length``.
 
-    The encoding's modules are children (``pos_input``, ``rotary``, ``alibi``) so ``.to(device)`` and
-    ``state_dict`` see them (a learned table, learnable slopes); ``rotary`` and ``alibi`` may be None.
+    The encoding's modules are children (``pos_input``, ``rotary``, ``score_bias``) so ``.to(device)`` and
+    ``state_dict`` see them (a learned table, a bias's parameters); ``rotary`` and ``score_bias`` may be None.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        enc = ENCODINGS[cfg.encoding](cfg)
-        self.pos_input, self.rotary, self.alibi = enc.input, enc.rotary, enc.alibi
+        enc = lookup(cfg.encoding)(cfg)
+        self.pos_input, self.rotary, self.score_bias = enc.input, enc.rotary, enc.bias
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
         self._init_weights()
@@ -156,7 +156,7 @@ class GPT(nn.Module):
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
         x = self.pos_input(x, offset=offset)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rotary, self.alibi, cache, i)
+            x = block(x, self.rotary, self.score_bias, cache, i)
         if cache is not None:
             cache.length += idx.shape[1]
         return self.norm(x) @ self.tok.weight.T
