@@ -19,8 +19,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torch import nn
