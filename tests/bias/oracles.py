@@ -42,26 +42,32 @@ def oracle_attention(q, k, v, bias, causal: bool, scale=None) -> np.ndarray:
 
 
 def make_bias(name: str, n_heads: int):
-    """One of each scheme, with parameters moved off their initial values where that could hide a bug."""
+    """One of each scheme with every parameter drawn from a seeded generator (deterministic whatever ran
+    before), KERPLE's away from its clamps (where the straight-through gradient is not the finite difference)
+    and FIRE's c and threshold off their initial values."""
     import torch
 
     gen = torch.Generator().manual_seed(n_heads)
-    if name == "t5":
-        return posenc.T5Bias(n_heads, num_buckets=8, max_distance=20)
-    if name == "t5-bidirectional":
-        return posenc.T5Bias(n_heads, num_buckets=8, max_distance=20, bidirectional=True)
-    if name in ("kerple-log", "kerple-power"):
-        return posenc.KerpleBias(n_heads, name.split("-")[1])
-    if name == "sandwich":
-        return posenc.SandwichBias(n_heads, 16)
-    if name == "fire":
-        fire = posenc.FireBias(n_heads, hidden=8, train_len=6)
-        with torch.no_grad():
-            fire.mlp[2].weight.copy_(torch.randn(fire.mlp[2].weight.shape, generator=gen))
-            fire.threshold_multiplier.fill_(1.3)
-            fire.c.fill_(0.4)
-        return fire
-    raise KeyError(name)
+    bias = {
+        "t5": lambda: posenc.T5Bias(n_heads, num_buckets=8, max_distance=20),
+        "t5-bidirectional": lambda: posenc.T5Bias(
+            n_heads, num_buckets=8, max_distance=20, bidirectional=True
+        ),
+        "kerple-log": lambda: posenc.KerpleBias(n_heads, "log"),
+        "kerple-power": lambda: posenc.KerpleBias(n_heads, "power"),
+        "sandwich": lambda: posenc.SandwichBias(n_heads, 16),
+        "fire": lambda: posenc.FireBias(n_heads, hidden=8, train_len=6),
+    }[name]()
+    with torch.no_grad():
+        for _, p in sorted(bias.named_parameters()):
+            p.copy_(torch.randn(p.shape, generator=gen))
+        if name.startswith("kerple"):
+            bias.r1.copy_(0.2 + 1.2 * torch.rand(n_heads, generator=gen))
+            bias.r2.copy_(0.2 + 1.2 * torch.rand(n_heads, generator=gen))
+        if name == "fire":
+            bias.threshold_multiplier.fill_(1.3)
+            bias.c.fill_(0.4)
+    return bias
 
 
 NAMES = ["t5", "t5-bidirectional", "kerple-log", "kerple-power", "sandwich", "fire"]
