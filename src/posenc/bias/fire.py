@@ -91,7 +91,10 @@ class FireBias(ScoreBias):
         u = self.normalised_distance(q_pos[:, None], k_pos[None, :])
         bp, slope, intercept = self.pieces()
         seg = torch.searchsorted(bp, u.detach().contiguous(), right=True)
-        return torch.addcmul(intercept[:, seg], slope[:, seg], u[None])
+        idx = seg.reshape(1, -1).expand(slope.shape[0], -1)  # gather, whose backward is a scatter_add
+        return torch.addcmul(
+            intercept.gather(1, idx).view(-1, *u.shape), slope.gather(1, idx).view(-1, *u.shape), u[None]
+        )
 
     def score_mod(self, q_len: int, k_len: int | None = None, causal: bool = True):
         """FlexAttention ``score_mod``: the MLP evaluated per score (queries at q_idx + k_len - q_len)."""
