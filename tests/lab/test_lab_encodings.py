@@ -85,3 +85,19 @@ def test_a_researchers_own_scheme_runs_in_compare_without_editing_posenc(corpus_
     }
     assert set(rows) == {"alibi", spec}
     assert rows[spec] != rows["alibi"]  # the slopes differ, so the trained models do
+
+
+def test_the_score_bias_schemes_train_a_step_and_decode_like_a_full_pass():
+    import torch
+
+    for name in ("t5", "kerple", "sandwich", "fire"):
+        cfg = GPTConfig(encoding=name, n_layer=1, n_head=2, d_model=16, max_len=8)
+        model = GPT(cfg)
+        idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+        loss = model.loss(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        grads = [p.grad for p in model.score_bias.parameters()]
+        assert all(g is not None for g in grads), name  # the bias's own parameters learn
+        cached = model.generate(idx[:, :6], 4, temperature=0.0)  # a KV cache: one position per step
+        fresh = model.generate(idx[:, :6], 4, temperature=0.0, use_cache=False)  # a full pass per step
+        assert torch.equal(cached, fresh), name

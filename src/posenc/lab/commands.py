@@ -400,7 +400,8 @@ def _add_compare(subparsers) -> None:
     p.add_argument(
         "--schemes",
         type=_str_list,
-        help="comma-separated encodings to compare (default: all of none,sinusoidal,learned,rope,alibi)",
+        help="comma-separated encodings to compare (default: the classic none,sinusoidal,learned,rope,alibi; "
+        "'all': every built-in, also t5,kerple,sandwich,fire; your own as package.module:function)",
     )
     p.add_argument("--seed", type=int, help="initialisation and batch order (default: the preset's, 0)")
     _compile_arg(p)

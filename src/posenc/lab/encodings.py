@@ -85,6 +85,30 @@ def _alibi(cfg: GPTConfig) -> Encoding:
     return Encoding(bias=posenc.ALiBi(cfg.n_head))
 
 
+@register_encoding("t5")
+def _t5(cfg: GPTConfig) -> Encoding:
+    # Raffel et al. 2020: a learned bias per (bucketed) relative distance and head
+    return Encoding(bias=posenc.T5Bias(cfg.n_head))
+
+
+@register_encoding("kerple")
+def _kerple(cfg: GPTConfig) -> Encoding:
+    # Chi et al. 2022, the logarithmic kernel (their best extrapolating variant)
+    return Encoding(bias=posenc.KerpleBias(cfg.n_head, kind="log"))
+
+
+@register_encoding("sandwich")
+def _sandwich(cfg: GPTConfig) -> Encoding:
+    # Chi et al. 2023: parameter-free, from the sinusoidal inner product
+    return Encoding(bias=posenc.SandwichBias(cfg.n_head))
+
+
+@register_encoding("fire")
+def _fire(cfg: GPTConfig) -> Encoding:
+    # Li et al. 2023; its threshold starts at the training length (see posenc.FireBias)
+    return Encoding(bias=posenc.FireBias(cfg.n_head, train_len=cfg.max_len))
+
+
 BUILTIN = tuple(ENCODINGS)  # the schemes above, in the order `--schemes all` runs them
 
 
