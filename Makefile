@@ -31,7 +31,8 @@ test: install
 	$(PY) -m pytest -q -n 2 --durations=15
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
 
 bench: install
 	$(VENV)/bin/posenc bench --out runs/bench.json
