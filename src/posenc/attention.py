@@ -31,9 +31,8 @@ from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
 
-# At and below this many score entries (batch * heads * q_len * k_len), ALiBi on the CPU materialises the
-# bias: measured on 2 cores, the blocked path is as fast from 16 x 4 heads x 64^2 (2^18) up and 2-4x faster
-# from L = 256 up, forward and backward.
+# At and below this many score entries (batch * heads * q_len * k_len), a bias on the CPU is materialised:
+# the blocked path only pays above it (crossover measured in docs/fast-paths.md).
 MATERIALISE_MAX = 1 << 18
 
 _compiled_flex = None

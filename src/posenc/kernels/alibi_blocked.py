@@ -34,14 +34,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+from .blocked_common import check_qkv
+from .blocked_common import flash as _flash
+from .blocked_common import flash_bwd as _flash_bwd
+from .blocked_common import work_dtype as _work_dtype
 
 # Queries per block: as many as keep the diagonal mask (heads x n x n floats) within MASK_ELEMS, up to
-# MAX_BLOCK. The masked diagonal call cannot skip its upper triangle and runs ~3x slower per score than the
-# causal path, but every block costs ~10 ops, each of which can cost a scheduler time slice on a busy
-# machine. Measured side by side (8 heads, loaded 2-core CPU, time / causal SDPA): at L = 2048 blocks of
-# 128/256/512/1024 gave 7.2/4.5/3.4/3.5x, at L = 8192 2.3/1.5/1.6/1.4x: larger blocks win.
+# MAX_BLOCK. The masked diagonal call cannot skip its upper triangle, but every block costs ~10 ops, each of
+# which can cost a scheduler time slice on a busy machine: larger blocks won (docs/fast-paths.md).
 MAX_BLOCK = 1024
 MASK_ELEMS = 1 << 23  # 32 MiB of float32
 
@@ -51,11 +51,6 @@ def default_block(heads: int, q_len: int) -> int:
     while n > 64 and heads * n * n > MASK_ELEMS:
         n //= 2
     return max(1, min(n, q_len))
-
-
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    # The appended (j - b) column must be exact: bfloat16/float16 cannot hold integers past 256 / 2048.
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class _Layout:
@@ -225,29 +220,13 @@ def alibi_attention_blocked(
 
     Returns (B, H, Lq, Dv) in q's dtype; differentiable in q, k, v and slopes.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(
-                f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
-                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
-            )
-    b, h, lq, d = q.shape
-    if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or h % k.shape[1]:
-        raise ValueError(
-            f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
-            f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if lq > k.shape[2]:
-        raise ValueError(
-            f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}"
-        )
+    check_qkv(q, k, v, block)
+    h = q.shape[1]
     if not isinstance(slopes, torch.Tensor) or slopes.shape != (h,):
         raise ValueError(
             f"slopes must be a tensor of shape ({h},), got "
             f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else type(slopes).__name__}"
         )
-    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     block = default_block(q.shape[1], q.shape[2]) if block is None else block
     return BlockedALiBiAttention.apply(q, k, v, slopes, causal, float(scale), int(block))

@@ -29,8 +29,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+from .blocked_common import check_qkv
+from .blocked_common import flash as _flash
+from .blocked_common import flash_bwd as _flash_bwd
+from .blocked_common import work_dtype as _work_dtype
 
 MAX_BLOCK = 512
 # Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block;
@@ -126,10 +128,6 @@ def _prepare(q, k, v, work):
     return qw, kr, vr
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _spec(tile_bias, inputs, lk: int, causal: bool, work, device):
     if tile_bias is None:
         return _Table(inputs[0].detach().to(work), lk)
@@ -203,29 +201,13 @@ class BlockedBiasAttention(torch.autograd.Function):
 
 
 def _check(q, k, v, bias, block) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
-            raise ValueError(
-                f"{name} must be a floating tensor of shape (batch, heads, seq, dim), got "
-                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
-            )
-    b, h, lq, d = q.shape
-    if k.shape[0] != b or v.shape[:3] != k.shape[:3] or k.shape[-1] != d or h % k.shape[1]:
-        raise ValueError(
-            f"k (batch, kv_heads, k_len, {d}) and v (batch, kv_heads, k_len, v_dim) must match q of shape "
-            f"{tuple(q.shape)} with kv_heads dividing heads; got k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
-    if lq > k.shape[2]:
-        raise ValueError(
-            f"q_len must be <= k_len (queries are the last q_len positions), got {lq} > {k.shape[2]}"
-        )
+    check_qkv(q, k, v, block)
+    h = q.shape[1]
     if getattr(bias, "n_heads", None) != h or not (hasattr(bias, "tile") and hasattr(bias, "per_tile")):
         raise ValueError(
             f"bias must be a posenc ScoreBias with n_heads={h} (q's heads), got {type(bias).__name__} with "
             f"n_heads={getattr(bias, 'n_heads', None)}"
         )
-    if block is not None and (isinstance(block, bool) or not isinstance(block, int) or block < 1):
-        raise ValueError(f"block must be an integer >= 1, got {block!r}")
 
 
 def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float | None = None, block=None):
