@@ -64,19 +64,7 @@ class CosSinTable:
         lengths, factors = _per_sequence(context_len), _per_sequence(factor)
         if lengths is None and factors is None:
             return self._one(_scalar(context_len), _scalar(factor))
-        n = len(lengths if lengths is not None else factors)
-        lengths = lengths or [_scalar(context_len)] * n
-        factors = factors or [_scalar(factor)] * n
-        if len(lengths) != len(factors):
-            raise ValueError(
-                f"context_len and factor must give one value per sequence each, got {len(lengths)} and "
-                f"{len(factors)}"
-            )
-        memo: dict = {}  # sequences in a batch often share a length
-        rows = [memo.setdefault((c, f), self._one(c, f)) for c, f in zip(lengths, factors, strict=True)]
-        inv = torch.stack([r[0] for r in rows])
-        attn = torch.tensor([float(r[1]) for r in rows], dtype=torch.float64)
-        return inv, attn
+        return _stacked(self._one, lengths, factors, context_len, factor)
 
     def _one(self, context_len, factor):
         if factor is None and (context_len is None or not self.schedule.length_dependent):
@@ -244,6 +232,26 @@ def _default_context(positions):
     if positions.dim() == 2:
         return positions.amax(-1).floor().long() + 1
     return int(positions.max().floor()) + 1 if positions.numel() else 1
+
+
+def _stacked(one, lengths, factors, length, factor):
+    """(batch, r/2) inverse frequencies and (batch,) attention factors, one schedule per sequence."""
+    n = len(lengths if lengths is not None else factors)
+    lengths = lengths or [_scalar(length)] * n
+    factors = factors or [_scalar(factor)] * n
+    if len(lengths) != len(factors):
+        raise ValueError(
+            f"context_len and factor must give one value per sequence each, got {len(lengths)} and "
+            f"{len(factors)}"
+        )
+    memo: dict = {}  # sequences in a batch often share a length
+    for key in zip(lengths, factors, strict=True):
+        if key not in memo:
+            memo[key] = one(*key)
+    rows = [memo[key] for key in zip(lengths, factors, strict=True)]
+    inv = torch.stack([r[0] for r in rows])
+    attn = torch.tensor([float(r[1]) for r in rows], dtype=torch.float64)
+    return inv, attn
 
 
 def _check_per_sequence(name: str, value, *, minimum, integer: bool) -> None:
