@@ -36,8 +36,9 @@ def test_settings_validation():
     "kw, match",
     [
         (
-            {"encoding": "xpos"},
-            "encoding='xpos' is not known; allowed: alibi, learned, none, rope, sinusoidal",
+            {"encoding": "nope"},
+            "encoding='nope' is not known; allowed: alibi, fire, kerple, learned, none, rope, sandwich, "
+            "sinusoidal, t5, or your own as 'package.module:function'",
         ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),
