@@ -2,10 +2,6 @@
 torch)."""
 
 import math
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -21,6 +17,7 @@ from posenc.kernels import rotate_eager
 from posenc.kernels.alibi_blocked import alibi_attention_blocked
 
 from .bias.oracles import NAMES, make_bias, oracle_attention
+from .peak_memory import peak_rise_mib
 
 
 def _materialised(q, k, v, alibi, causal, scale=None):
@@ -197,30 +194,11 @@ def test_attention_rotary_matches_manual_rotation_and_sdpa():
 
 def test_blocked_alibi_memory_stays_linear():
     """Forward and backward at L = 4096, 4 heads: a materialised bias alone would be 256 MiB; the peak RSS
-    rise
-    of the blocked path must stay under 100 MiB (its buffers are O(L * head_dim))."""
-    child = textwrap.dedent(
-        """
-        import resource, torch, posenc
-        torch.set_num_threads(1)
-        from posenc.kernels.alibi_blocked import alibi_attention_blocked
-        small = [torch.randn(1, 4, 64, 16, requires_grad=True) for _ in range(3)]
-        alibi_attention_blocked(*small, posenc.ALiBi(4).slopes).sum().backward()
-        q, k, v = (torch.randn(1, 4, 4096, 16, requires_grad=True) for _ in range(3))
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        alibi_attention_blocked(q, k, v, posenc.ALiBi(4).slopes).sum().backward()
-        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
-        """
+    rise of the blocked path must stay under 100 MiB (its buffers are O(L * head_dim))."""
+    setup = (
+        "from posenc.kernels.alibi_blocked import alibi_attention_blocked; slopes = posenc.ALiBi(4).slopes"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", child],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rise_mib = float(proc.stdout.strip().splitlines()[-1])
+    rise_mib = peak_rise_mib(setup, "alibi_attention_blocked(q, k, v, slopes)", 4096)
     assert rise_mib < 100, f"peak RSS rose by {rise_mib:.0f} MiB"
 
 

@@ -2,11 +2,6 @@
 scheme's oracle bias (float32 values) and against autograd through the materialised bias (float64 gradients,
 gradcheck), and its memory: linear in L."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 import torch
@@ -17,6 +12,7 @@ from hypothesis import strategies as st
 from posenc.kernels.bias_blocked import bias_attention_blocked
 
 from ..bias.oracles import NAMES, make_bias, oracle_attention
+from ..peak_memory import peak_rise_mib
 
 
 @st.composite
@@ -108,29 +104,8 @@ def test_memory_stays_linear(make, seq, bound_mib):
     """Forward and backward with a learnable bias, 4 heads: the peak RSS rise stays far below the materialised
     bias alone (1 GiB at L = 8192, 256 MiB at 4096): O(L) buffers plus block temporaries capped at
     TEMP_ELEMS, whatever L."""
-    child = textwrap.dedent(
-        f"""
-        import resource, torch, posenc
-        torch.set_num_threads(1)
-        from posenc.kernels.bias_blocked import bias_attention_blocked
-        bias = {make}
-        small = [torch.randn(1, 4, 64, 16, requires_grad=True) for _ in range(3)]
-        bias_attention_blocked(*small, bias).sum().backward()
-        q, k, v = (torch.randn(1, 4, {seq}, 16, requires_grad=True) for _ in range(3))
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        bias_attention_blocked(q, k, v, bias).sum().backward()
-        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
-        """
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", child],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rise_mib = float(proc.stdout.strip().splitlines()[-1])
+    setup = f"from posenc.kernels.bias_blocked import bias_attention_blocked; bias = {make}"
+    rise_mib = peak_rise_mib(setup, "bias_attention_blocked(q, k, v, bias)", seq)
     assert rise_mib < bound_mib, f"peak RSS rose by {rise_mib:.0f} MiB"
 
 
