@@ -176,9 +176,9 @@ class CosSinTable:
           (-sin for the first member, +sin for the second), so rotate(x) = x * cos2 + swap_halves(x) * sin2;
         * "interleaved": (cos + i sin,), (rows, rotary_dim/2) complex64: the pairs of x are complex numbers.
         """
-        cos, sin = self._rows(stop, device)
         laid = self._laid_out.get((device, layout))
-        if laid is None or laid[0].shape[0] != cos.shape[0]:
+        if laid is None or laid[0].shape[0] < stop:  # rows are fixed per position: only ever grow
+            cos, sin = self._rows(stop, device)
             if layout == "half":
                 laid = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
             else:
