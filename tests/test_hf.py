@@ -21,6 +21,12 @@ COMMON = {
 }
 LONG = np.linspace(1.0, 4.0, 8).tolist()  # Phi-3: head_dim 16 -> 8 pairs
 SHORT = np.linspace(1.0, 1.2, 8).tolist()
+PHI3_LONGROPE = dict(
+    COMMON,
+    max_position_embeddings=128,
+    original_max_position_embeddings=32,
+    rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
+)
 
 MODELS = {
     # name: (config class, model class, config kwargs, sequence length)
@@ -84,23 +90,13 @@ MODELS = {
     "phi3-longrope-short": (
         "Phi3Config",
         "Phi3ForCausalLM",
-        dict(
-            COMMON,
-            max_position_embeddings=128,
-            original_max_position_embeddings=32,
-            rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
-        ),
+        PHI3_LONGROPE,
         24,
     ),
     "phi3-longrope-long": (
         "Phi3Config",
         "Phi3ForCausalLM",
-        dict(
-            COMMON,
-            max_position_embeddings=128,
-            original_max_position_embeddings=32,
-            rope_scaling={"type": "longrope", "short_factor": SHORT, "long_factor": LONG},
-        ),
+        PHI3_LONGROPE,
         48,
     ),
     "gptj": (

@@ -14,7 +14,7 @@ from torch import nn
 from .. import _checks
 from ..kernels import apply_rotary, apply_rotary_qk, rotate_small
 from .frequencies import resolve_schedule
-from .table import CosSinTable
+from .table import CosSinTable, default_context
 
 __all__ = ["RotaryEmbedding"]
 
@@ -168,7 +168,7 @@ class RotaryEmbedding(nn.Module):
             k_positions = positions
         if context_len is None and self.length_dependent:  # one schedule for q and k: the keys' length
             context_len = (
-                offset + max(q_len, k_len) if k_positions is None else _context_of(k_positions, offset)
+                offset + max(q_len, k_len) if k_positions is None else default_context(k_positions) + offset
             )
         if k_positions is positions and q_len == k_len:  # one table serves both
             cos, sin = self.table.for_tensor(q, positions, offset, context_len, factor)
@@ -185,14 +185,6 @@ class RotaryEmbedding(nn.Module):
         s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
         s += f"layout={self.layout!r}"
         return s + (f", scaling={self._scaling!r}" if self._scaling else "")
-
-
-def _context_of(positions: torch.Tensor, offset: int):
-    """1 + the largest position (+ offset): an int, or (batch,) for (batch, seq) positions."""
-    _checks.non_negative_int("offset", offset)
-    if positions.dim() == 2:
-        return positions.amax(-1).floor().long() + 1 + offset
-    return int(positions.max().floor()) + 1 + offset if positions.numel() else 1 + offset
 
 
 def _small(rope: RotaryEmbedding, q, k, context_len, factor) -> bool:

@@ -122,7 +122,7 @@ class CosSinTable:
             device = positions.device
         scaled = factor is not None or (self.schedule.length_dependent and context_len is not None)
         if self.schedule.length_dependent and context_len is None:
-            context_len = _default_context(positions)
+            context_len = default_context(positions)
             scaled = True
         if scaled:
             inv, attn = self.frequencies(context_len, factor)
@@ -225,7 +225,7 @@ def _as_tensor(positions, device) -> torch.Tensor:
     return positions
 
 
-def _default_context(positions):
+def default_context(positions):
     """1 + the largest position: an int, or a (batch,) tensor for (batch, seq) positions."""
     if isinstance(positions, range):
         return max(positions.stop, 1)
