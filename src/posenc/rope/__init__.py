@@ -6,7 +6,8 @@
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
 - :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions;
-- :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed.
+- :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed;
+- :mod:`.xpos`: xPos (RoPE with a per-pair decay) and the blockwise causal mask.
 """
 
 from .axial import AxialRotaryEmbedding
@@ -15,12 +16,15 @@ from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
 from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
+from .xpos import XPos, blockwise_causal_mask
 
 __all__ = [
     "AxialRotaryEmbedding",
     "MRotaryEmbedding",
     "RotaryEmbedding",
     "RotaryKVCache",
+    "XPos",
+    "blockwise_causal_mask",
     "convert_layout",
     "mrope_positions",
     "rerotate_keys",

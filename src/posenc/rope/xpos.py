@@ -1,0 +1,206 @@
+"""xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arxiv.org/abs/2212.10554): RoPE whose pairs
+also decay with distance, and the blockwise causal mask the paper evaluates it with past the training length.
+
+Pair i of the rotary dimensions d has zeta_i = (2i/d + gamma) / (1 + gamma) in (0, 1) (torchscale's
+``(arange(0, d, 2) + 0.4 d) / (1.4 d)`` for gamma = 0.4). A query at position n is rotated as by RoPE and
+multiplied by zeta_i^((n - c)/B), a key at m by zeta_i^(-(m - c)/B), B = ``scale_base`` (Algorithm 1), so
+q.k carries zeta_i^((n - m)/B) in every pair: a key before the query weighs less the farther it is, the
+high-frequency pairs (small zeta) fastest. The centre c cancels in every score. It exists because each
+factor alone grows exponentially: zeta_0 = gamma / (1 + gamma) = 2/7 for gamma = 0.4, so a key 4,533
+positions from c is scaled by zeta_0^(-4533/512) > 65,504 (float16's largest) and one 36,261 positions away
+past float32's. Measured from position 0 (c = 0), float16 would overflow at position ~4.5k and float32 at
+~36k; with the default centre, the middle of a call's keys, a call may hold ~9k (float16) or ~72k (float32)
+keys. The factors are computed in float64 and folded into RoPE's float32 cos/sin, so half-precision inputs
+are scaled in float32 and rounded once. A CPU call whose factors exceed its dtype raises instead of returning
+inf (on accelerators and while tracing the check is skipped, as for positions: it would read a tensor); the
+factor bounds the scaling, so a component of size a overflows a distance B ln(a) / ln(1/zeta_0) sooner.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _checks
+from ..kernels import apply_rotary
+from .embedding import RotaryEmbedding, _check_pair, _check_x
+from .table import align_to
+
+__all__ = ["XPos", "blockwise_causal_mask"]
+
+KINDS = ("q", "k")
+
+
+class XPos(RotaryEmbedding):
+    """xPos: RoPE times a per-pair exponential decay (Sun et al. 2022, arxiv.org/abs/2212.10554).
+
+    A :class:`RotaryEmbedding` (same layouts, partial rotary, positions / offset / k_positions, bottom-right
+    queries), so ``posenc.attention(q, k, v, rotary=XPos(...))`` applies it. Dimensions past rotary_dim are
+    neither rotated nor scaled. The default layout is "interleaved", as torchscale's implementation.
+
+    Args:
+        head_dim, base, rotary_dim, layout: as for :class:`RotaryEmbedding` (no context-extension scaling).
+        scale_base: B, the distance over which a pair's score decays by zeta_i (paper and torchscale: 512).
+        gamma: > 0; zeta_i = (2i/rotary_dim + gamma) / (1 + gamma) (paper: 0.4). Larger gamma, weaker decay.
+        centre: a fixed centre c for every call (see the module docstring); None: each call centres on the
+            middle of its key positions, rounded up (keys 0..L-1: L // 2). Decoding with a cache of keys
+            already scaled needs one centre for the whole sequence: give it here or to each call.
+
+    Shape:
+        forward(q, k, positions=None, offset=0, *, k_positions=None, centre=None) -> (q, k), as
+        :meth:`RotaryEmbedding.forward`; ``centre``: a number or a (batch,) tensor, one per sequence.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        rotary_dim: int | None = None,
+        layout: str = "interleaved",
+        *,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        centre: float | None = None,
+    ):
+        super().__init__(head_dim, base=base, rotary_dim=rotary_dim, layout=layout)
+        self.scale_base = _checks.positive_float("scale_base", scale_base)
+        self.gamma = _checks.positive_float("gamma", gamma)  # gamma = 0 makes zeta_0 = 0: 0^(-x) = inf
+        self.centre = None if centre is None else float(_checks.number("centre", centre))
+        r = self.rotary_dim
+        # Python floats, not a tensor attribute: a traced call builds its constant from them (see table.py).
+        self._log_zeta = tuple(math.log((2 * i / r + self.gamma) / (1 + self.gamma)) for i in range(r // 2))
+
+    @property
+    def zeta(self) -> torch.Tensor:
+        """The per-pair decay bases zeta_i, (rotary_dim/2,) float64."""
+        return torch.tensor(self._log_zeta, dtype=torch.float64).exp()
+
+    def scale(self, positions: torch.Tensor, centre, kind: str) -> torch.Tensor:
+        """zeta_i^(+-(p - c)/B) (+ for kind="q", - for "k"), float64, (seq, rotary_dim/2) or
+        (batch, seq, rotary_dim/2) for (batch, seq) positions or a (batch,) centre."""
+        _checks.one_of("kind", kind, KINDS)
+        pos = positions.to(torch.float64)
+        c = centre.to(pos.device, torch.float64) if isinstance(centre, torch.Tensor) else centre
+        if isinstance(c, torch.Tensor) and c.dim() == 1:  # one centre per sequence
+            c = c[:, None]
+        exponent = (pos - c) / self.scale_base if kind == "q" else (c - pos) / self.scale_base
+        log_zeta = torch.tensor(self._log_zeta, dtype=torch.float64, device=pos.device)
+        return torch.exp(exponent[..., None] * log_zeta)
+
+    def rotate(
+        self, x, positions=None, offset: int = 0, *, kind=None, centre=None, context_len=None, factor=None
+    ):
+        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q") or keys (kind="k").
+
+        ``centre`` (else the module's, else the middle of x's own positions): pass the same one for the
+        queries and keys that will meet, e.g. new tokens' keys appended to a cache of scaled keys.
+        """
+        _checks.one_of("kind", kind, KINDS)
+        _check_x(self, "x", x)
+        cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
+        p = self._positions(x, positions, offset)
+        c = self._centre(centre, p, offset, x.shape[-2], positions is None)
+        return apply_rotary(x, *self._scaled(x, cos, sin, p, c, kind), layout=self.layout)
+
+    def forward(
+        self, q, k, positions=None, offset: int = 0, inplace: bool = False, *, k_positions=None, centre=None
+    ):
+        """Rotate and scale queries and keys; positions as :meth:`RotaryEmbedding.forward` (queries default to
+        the last q_len key positions). The default centre is the middle of the key positions, shared by q."""
+        _check_pair(self, q, k, inplace)
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        if positions is not None and k_positions is None:
+            if q_len != k_len:
+                raise ValueError(
+                    f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
+                )
+            k_positions = positions
+        q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
+        cos_q, sin_q = self.table.for_tensor(q, positions, q_offset)
+        cos_k, sin_k = self.table.for_tensor(k, k_positions, offset)
+        pq, pk = self._positions(q, positions, q_offset), self._positions(k, k_positions, offset)
+        c = self._centre(centre, pk, offset, k_len, k_positions is None)
+        return (
+            apply_rotary(q, *self._scaled(q, cos_q, sin_q, pq, c, "q"), layout=self.layout, inplace=inplace),
+            apply_rotary(k, *self._scaled(k, cos_k, sin_k, pk, c, "k"), layout=self.layout, inplace=inplace),
+        )
+
+    def _positions(self, x, positions, offset) -> torch.Tensor:
+        if positions is None:
+            return torch.arange(offset, offset + x.shape[-2], device=x.device)
+        positions = positions.to(x.device)
+        return positions + offset if offset else positions
+
+    def _centre(self, centre, key_positions, offset, k_len, contiguous: bool):
+        if centre is None:
+            centre = self.centre
+        if centre is None:
+            if contiguous:  # keys offset .. offset+k_len-1: ceil of their midpoint, without reading a tensor
+                return offset + k_len // 2
+            if key_positions.numel() == 0:
+                return 0.0
+            pk = key_positions.to(torch.float64)
+            return torch.ceil((pk.amin(-1) + pk.amax(-1)) / 2)
+        if isinstance(centre, torch.Tensor) and centre.dim() > 0:
+            if centre.dim() != 1 or centre.is_complex():
+                raise ValueError(
+                    f"centre must be a number or a (batch,) tensor, got shape {tuple(centre.shape)}"
+                )
+            if _checks.can_read(centre) and not bool(torch.isfinite(centre).all()):
+                raise ValueError(f"centre must be finite, got {centre.tolist()}")
+            return centre
+        return _checks.number("centre", centre)
+
+    def _scaled(self, x, cos, sin, positions, centre, kind: str):
+        """cos and sin times the xPos factors, in the table's dtype (float32, float64 for float64 x). Both
+        members of a pair share its factor, so the kernels' backward (the same rotation with sin negated) is
+        still the transpose: (s R(theta))^T = s R(-theta)."""
+        s = self.scale(positions, centre, kind)
+        if _checks.can_read(s) and s.numel():
+            _check_fits(x.dtype, cos.dtype, s, centre)
+        s = s.to(cos.dtype)
+        s, _ = align_to(s, s, x, "centre/positions")
+        return cos * s, sin * s
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr() + f", scale_base={self.scale_base:g}, gamma={self.gamma:g}"
+        return s + ("" if self.centre is None else f", centre={self.centre:g}")
+
+
+def _check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor, centre) -> None:
+    """Refuse factors the output dtype cannot hold: they would come back as inf and give NaN scores."""
+    limit = min(torch.finfo(dtype).max, torch.finfo(table_dtype).max)
+    worst = float(torch.maximum(scale.amax(), 1.0 / scale.amin()))
+    if worst > limit:
+        raise ValueError(
+            f"xPos factors reach {worst:.3g}, past {dtype}'s largest {limit:.3g}: positions lie too far from "
+            f"the centre {centre!r}; pass a centre nearer the positions (default: the middle of the keys) "
+            "or use a wider dtype"
+        )
+
+
+def blockwise_causal_mask(
+    q_len: int, k_len: int, window: int, *, offset: int = 0, device=None
+) -> torch.Tensor:
+    """Blockwise causal attention (BCA; Sun et al. 2022, section 3.3), for inference past the training length.
+
+    Positions fall in blocks of ``window``; a query at position i sees the keys j <= i of its own block and
+    the previous one: (i // window - 1) * window <= j <= i, so between window and 2 * window - 1 keys once
+    past the first block. The paper takes window = l/2 for training length l ("we divide the query as blocks
+    with l/2 length, and each query interacts with its own block and the last block"), so no query sees
+    more than l - 1 keys back. Blocks are counted from position 0: keys sit at offset .. offset+k_len-1 and
+    the queries are the last q_len of them (bottom-right, as :func:`posenc.attention` puts them).
+
+    Returns:
+        bool (q_len, k_len), True where a query may attend: ``posenc.attention``'s ``bias=``.
+    """
+    _checks.non_negative_int("q_len", q_len)
+    _checks.non_negative_int("k_len", k_len)
+    _checks.positive_int("window", window)
+    _checks.non_negative_int("offset", offset)
+    if q_len > k_len:
+        raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
+    i = torch.arange(offset + k_len - q_len, offset + k_len, device=device)[:, None]
+    j = torch.arange(offset, offset + k_len, device=device)[None, :]
+    return (j <= i) & (j >= (torch.div(i, window, rounding_mode="floor") - 1) * window)
