@@ -10,12 +10,25 @@ import importlib
 from ._checks import PositionError
 from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
-from .bias import ALiBi, FireBias, KerpleBias, SandwichBias, ScoreBias, T5Bias, alibi_slopes
+from .bias import (
+    ALiBi,
+    ContentBias,
+    CoPE,
+    FireBias,
+    KerpleBias,
+    SandwichBias,
+    ScoreBias,
+    ShawRelative,
+    T5Bias,
+    alibi_slopes,
+)
 from .rope import (
     AxialRotaryEmbedding,
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryKVCache,
+    XPos,
+    blockwise_causal_mask,
     convert_layout,
     rerotate_keys,
     rope_frequencies,
@@ -34,6 +47,8 @@ def __getattr__(name: str):
 __all__ = [
     "ALiBi",
     "AxialRotaryEmbedding",
+    "CoPE",
+    "ContentBias",
     "FireBias",
     "KerpleBias",
     "LearnedEmbedding",
@@ -43,10 +58,13 @@ __all__ = [
     "RotaryEmbedding",
     "SandwichBias",
     "ScoreBias",
+    "ShawRelative",
     "SinusoidalEncoding",
     "T5Bias",
+    "XPos",
     "alibi_slopes",
     "attention",
+    "blockwise_causal_mask",
     "reference",
     "rope_frequencies",
     "convert_layout",

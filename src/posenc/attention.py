@@ -14,6 +14,9 @@ kernels, :mod:`posenc.kernels`), then attends:
   (heads, L, L) either: FlexAttention with its ``score_mod`` on CUDA; on the CPU
   :mod:`posenc.kernels.bias_blocked` (one blocked kernel with its own backward for every bias), or the
   materialised bias for tiny inputs, as for ALiBi.
+* a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE), whose terms
+  depend on the query content: its own ``attend``, blocks of queries under a checkpoint
+  (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
 * a bias tensor: added as given (it is already materialised).
 """
 
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from . import _checks
 from .bias import ALiBi
 from .bias.base import ScoreBias
+from .bias.content import ContentBias
 from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
@@ -159,7 +163,7 @@ def attention(
     v: torch.Tensor,
     *,
     rotary: RotaryEmbedding | None = None,
-    bias: ALiBi | ScoreBias | torch.Tensor | None = None,
+    bias: ALiBi | ScoreBias | ContentBias | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
@@ -173,9 +177,10 @@ def attention(
             v: (batch, kv_heads, k_len, v_dim). kv_heads may divide heads (grouped-query attention).
         rotary: a :class:`RotaryEmbedding` that rotates q and k before attending.
         bias: an :class:`ALiBi` module or another score bias (:class:`~posenc.bias.base.ScoreBias`:
-            T5Bias, KerpleBias, SandwichBias, FireBias); a boolean mask broadcastable to (batch, heads, q_len,
-            k_len), True where a query may attend (as ``scaled_dot_product_attention``'s ``attn_mask``); or a
-            float tensor added to the scores.
+            T5Bias, KerpleBias, SandwichBias, FireBias); a content bias
+            (:class:`~posenc.bias.content.ContentBias`: ShawRelative, CoPE); a boolean mask broadcastable to
+            (batch, heads, q_len, k_len), True where a query may attend (as ``scaled_dot_product_attention``'s
+            ``attn_mask``); or a float tensor added to the scores.
         causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
         positions: (q_len,) or (batch, q_len) query positions for the rotary embedding; default: the last
             q_len of the key positions.
@@ -217,10 +222,12 @@ def attention(
                 f"{name} needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
             )
         return _bias_attention(q, k, v, bias, causal, scale, enable_gqa)
+    if isinstance(bias, ContentBias):
+        return bias.attend(q, k, v, causal=causal, scale=scale)
     if not isinstance(bias, torch.Tensor):
         raise ValueError(
             f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
-            f"tensor or None, got {type(bias).__name__}"
+            f"ContentBias (ShawRelative, CoPE), a tensor or None, got {type(bias).__name__}"
         )
     mask, rows = _mask_tensor(bias, q, causal, k_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)

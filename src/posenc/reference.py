@@ -25,6 +25,11 @@ __all__ = [
     "kerple_bias",
     "sandwich_bias",
     "fire_bias",
+    "xpos_zeta",
+    "xpos",
+    "blockwise_causal_mask",
+    "shaw_attention",
+    "cope_attention",
 ]
 
 
@@ -360,3 +365,132 @@ def fire_bias(q_len: int, k_len: int, w1, b1, w2, b2, c: float, threshold: float
     u = psi_rel / psi_norm  # (q_len, k_len)
     hidden = np.maximum(0.0, u[..., None] * w1.reshape(-1) + b1)  # (q_len, k_len, hidden)
     return np.moveaxis(hidden @ w2.T + b2, -1, 0)
+
+
+# xPos
+
+
+def xpos_zeta(dim: int, gamma: float = 0.4) -> np.ndarray:
+    """xPos's per-pair decay base zeta_i = (2i/dim + gamma) / (1 + gamma), i = 0 .. dim/2 - 1 (Sun et al.
+    2022, arxiv.org/abs/2212.10554, section 3.2). Shape (dim/2,); every zeta_i lies in (0, 1)."""
+    return np.array([(2.0 * i / dim + gamma) / (1.0 + gamma) for i in range(dim // 2)])
+
+
+def xpos(
+    x: np.ndarray,
+    positions: np.ndarray,
+    kind: str,
+    centre,
+    base: float = 10000.0,
+    scale_base: float = 512.0,
+    gamma: float = 0.4,
+    layout: str = "interleaved",
+    rotary_dim: int | None = None,
+) -> np.ndarray:
+    """xPos (Sun et al. 2022, Algorithm 1): RoPE, then both members of pair i times zeta_i^(+(p - c)/B) for a
+    query (kind="q") or zeta_i^(-(p - c)/B) for a key (kind="k"), B = scale_base, c = centre. A query at n and
+    a key at m then score zeta_i^((n - m)/B) times RoPE's term in every pair; c cancels.
+
+    x: (..., seq, d); positions: (seq,) or (batch, seq) (applied to x's leading axis); centre: a number, or
+    one per sequence (batch,). Dimensions past rotary_dim are neither rotated nor scaled.
+    """
+    if kind not in ("q", "k"):
+        raise ValueError(f"kind must be 'q' or 'k', got {kind!r}")
+    x = _array(x)
+    r = x.shape[-1] if rotary_dim is None else rotary_dim
+    out = rope(x, positions, base=base, layout=layout, rotary_dim=r)
+    zeta = xpos_zeta(r, gamma)
+    pos = _array(positions)
+    c = _array(centre)
+    if c.ndim == 1:  # one centre per sequence
+        pos = pos if pos.ndim == 2 else np.broadcast_to(pos, (c.shape[0],) + pos.shape)
+        c = c[:, None]
+    sign = 1.0 if kind == "q" else -1.0
+    exponent = sign * (pos - c) / scale_base  # (seq,) or (batch, seq)
+    scale = zeta ** exponent[..., None]  # (seq, r/2) or (batch, seq, r/2)
+    if scale.ndim == 3:
+        scale = scale.reshape(scale.shape[:1] + (1,) * (x.ndim - 3) + scale.shape[1:])
+    first, second = _pair_indices(r, layout)
+    out[..., first] = out[..., first] * scale
+    out[..., second] = out[..., second] * scale
+    return out
+
+
+def blockwise_causal_mask(q_len: int, k_len: int, window: int, offset: int = 0) -> np.ndarray:
+    """Blockwise causal attention (Sun et al. 2022, section 3.3): positions fall in blocks of ``window``
+    (the paper: half the training length); a query sees the keys at or before it in its own block and the
+    previous one. Queries are the last q_len of the k_len keys, which sit at offset .. offset+k_len-1.
+    Boolean (q_len, k_len), True where a query may attend."""
+    mask = np.zeros((q_len, k_len), dtype=bool)
+    for a in range(q_len):
+        i = offset + k_len - q_len + a
+        first_visible = (i // window - 1) * window
+        for j in range(k_len):
+            p = offset + j
+            mask[a, j] = first_visible <= p <= i
+    return mask
+
+
+# Shaw and CoPE
+
+
+def shaw_attention(q, k, v, a_k, a_v, causal: bool = False, scale: float | None = None) -> np.ndarray:
+    """Relative position representations (Shaw, Uszkoreit and Vaswani 2018, arxiv.org/abs/1803.02155,
+    eq. 3-5):
+
+    e_ij = q_i . (k_j + a_k[c(j - i)]) * scale,  out_i = sum_j softmax_j(e_ij) (v_j + a_v[c(j - i)]),
+    c(d) = clip(d, -m, m) + m with a_k (2m + 1, d), a_v (2m + 1, dv). q (..., Lq, d), k (..., Lk, d),
+    v (..., Lk, dv); queries are the last Lq positions; with causal a query sees no key after it.
+    Returns (..., Lq, dv).
+    """
+    q, k, v, a_k, a_v = (_array(t) for t in (q, k, v, a_k, a_v))
+    m = (a_k.shape[0] - 1) // 2
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    lq, lk = q.shape[-2], k.shape[-2]
+    out = np.zeros((*q.shape[:-1], v.shape[-1]))
+    for a in range(lq):
+        i = lk - lq + a
+        e = np.full((*q.shape[:-2], lk), -np.inf)
+        for j in range(lk):
+            if causal and j > i:
+                continue
+            r = min(max(j - i, -m), m) + m
+            e[..., j] = np.einsum("...d,...d->...", q[..., a, :], k[..., j, :] + a_k[r]) * scale
+        p = softmax(e)
+        for j in range(lk):
+            r = min(max(j - i, -m), m) + m
+            out[..., a, :] += p[..., j, None] * (v[..., j, :] + a_v[r])
+    return out
+
+
+def cope_attention(q, k, v, pos_emb, scale: float | None = None) -> np.ndarray:
+    """Contextual position encoding, causal (Golovneva et al. 2024, arxiv.org/abs/2405.18719, eq. 3-5, as the
+    reference code ``ContextPosSelfAttn`` computes it). For query i and keys j <= i:
+
+    g_ij = sigmoid(q_i . k_j * scale);  p_ij = min(sum_{t=j..i} g_it, npos - 1);
+    e_i[n] = q_i . pos_emb[:, n] * scale;  w = p_ij - floor(p_ij);
+    s_ij = q_i . k_j * scale + w e_i[ceil p_ij] + (1 - w) e_i[floor p_ij];  out_i = sum_j softmax_j(s_ij) v_j.
+
+    q (..., Lq, d), k (..., Lk, d), v (..., Lk, dv), pos_emb (d, npos); queries are the last Lq positions.
+    Returns (..., Lq, dv).
+    """
+    q, k, v, pos_emb = (_array(t) for t in (q, k, v, pos_emb))
+    npos = pos_emb.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    lq, lk = q.shape[-2], k.shape[-2]
+    out = np.zeros((*q.shape[:-1], v.shape[-1]))
+    for a in range(lq):
+        i = lk - lq + a
+        z = np.stack([np.sum(q[..., a, :] * k[..., j, :], -1) * scale for j in range(i + 1)], axis=-1)
+        gates = 1.0 / (1.0 + np.exp(-z))
+        e = np.einsum("...d,dn->...n", q[..., a, :], pos_emb) * scale
+        s = np.full((*q.shape[:-2], lk), -np.inf)
+        for j in range(i + 1):
+            p = np.minimum(gates[..., j:].sum(-1), npos - 1)
+            lo, hi = np.floor(p).astype(int), np.ceil(p).astype(int)
+            w = p - lo
+            e_lo = np.take_along_axis(e, lo[..., None], -1)[..., 0]
+            e_hi = np.take_along_axis(e, hi[..., None], -1)[..., 0]
+            s[..., j] = z[..., j] + w * e_hi + (1 - w) * e_lo
+        out[..., a, :] = np.einsum("...j,...jd->...d", softmax(s), v)
+    return out

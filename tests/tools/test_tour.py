@@ -15,6 +15,7 @@ def test_every_claim_holds():
     failing = [c.text for c in claims if not c.holds]
     assert not failing
     assert {c.section for c in claims} >= {"Sinusoidal", "Learned", "RoPE", "ALiBi", "Why position matters"}
+    assert sum(c.section == "Shaw relative positions" for c in claims) == 3
 
 
 def test_a_failing_claim_fails_the_command(monkeypatch, capsys):

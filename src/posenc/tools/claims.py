@@ -247,6 +247,55 @@ def extrapolation_claims() -> list[Claim]:
     ]
 
 
+def _shaw_output_at(shaw, q, k, v, positions: torch.Tensor) -> torch.Tensor:
+    """Shaw et al.'s bidirectional attention with every token at the given positions, by hand from the
+    module's tables: softmax((q k^T + q a^K_{c(j-i)}) / sqrt(d)) (v + a^V_{c(j-i)})."""
+    scores = (q @ k.transpose(-1, -2) + shaw.key_bias(q, positions, positions)) / math.sqrt(q.shape[-1])
+    p = torch.softmax(scores, -1)
+    return p @ v + torch.einsum("...ij,ijd->...id", p, shaw.value_table[shaw.rows(positions, positions)])
+
+
+def shaw_claims() -> list[Claim]:
+    """Shaw et al. 2018: scores depend on the clipped relative distance only; no per-position parameters."""
+    shaw = posenc.ShawRelative(16, max_distance=16).double()
+    g = torch.Generator().manual_seed(0)
+    for table in shaw.parameters():  # drawn from g: the evidence is the same on every run
+        table.data.copy_(torch.randn(table.shape, generator=g, dtype=torch.float64))
+    q, k, v = (torch.randn(1, 2, 48, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(48)
+    out = shaw.attend(q, k, v, causal=False)
+    shift_err = max(
+        float((_shaw_output_at(shaw, q, k, v, pos + s) - out).abs().max()) for s in (0, 1000, 10**6)
+    )
+    far = shaw.key_bias(q, pos, pos)[0, 0, 40, [20, 10, 0]]  # query 40, keys 20, 30 and 40 before it
+    params = sum(p.numel() for p in shaw.parameters())
+    finite = [
+        bool(torch.isfinite(shaw.attend(*(torch.randn(1, 1, n, 16, generator=g) for _ in range(3)))).all())
+        for n in (8, 5000)
+    ]
+    section = "Shaw relative positions"
+    return [
+        Claim(
+            section,
+            "scores depend on the clipped distance j - i only: shifting all positions leaves the output",
+            f"max |out(p + s) - out(p)| over s = 0, 1000, 10^6: {shift_err:.1e}",
+            shift_err < 1e-12,
+        ),
+        Claim(
+            section,
+            "pairs at distances 20, 30, 40 (all beyond k = 16) get one bias term",
+            "q_40 . a^K: " + ", ".join(f"{x:.6f}" for x in far.tolist()),
+            bool((far == far[0]).all()),
+        ),
+        Claim(
+            section,
+            "no parameters per absolute position: any length runs on the same 2 (2k + 1) d parameters",
+            f"{params:,} parameters (k = 16, d = 16); finite output: L = 8 {finite[0]}, L = 5000 {finite[1]}",
+            params == 2 * 33 * 16 and all(finite),
+        ),
+    ]
+
+
 SECTIONS: list[Callable[[], list[Claim]]] = [
     permutation_claims,
     sinusoidal_claims,
@@ -254,5 +303,6 @@ SECTIONS: list[Callable[[], list[Claim]]] = [
     rope_claims,
     alibi_claims,
     extrapolation_claims,
+    shaw_claims,
 ]
 """The sections in the chapter's order."""
