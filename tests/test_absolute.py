@@ -68,3 +68,32 @@ def test_learned_gradients_reach_only_used_rows():
 def test_no_positional_encoding_is_identity():
     x = torch.randn(2, 3, 4)
     assert NoPositionalEncoding()(x, offset=7) is x
+
+
+@given(
+    st.lists(st.integers(0, 5000), min_size=1, max_size=12, unique=True),
+    st.booleans(),
+)
+def test_sinusoidal_at_given_positions_is_the_reference_row_of_each(positions, batched):
+    # randomized positions (Ruoss et al. 2023): any set of positions, per sequence or shared
+    enc = SinusoidalEncoding(16)
+    pos = torch.tensor(positions)
+    x = torch.zeros(2, len(positions), 16)
+    out = enc(x, positions=pos.expand(2, -1) if batched else pos)
+    expected = R.sinusoidal(5001, 16)[positions]
+    np.testing.assert_allclose(out[0].numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(out[1].numpy(), expected, atol=1e-6)
+
+
+def test_learned_at_given_positions_gathers_those_rows_and_checks_them():
+    enc = LearnedEmbedding(10, 4)
+    x = torch.zeros(1, 3, 4)
+    out = enc(x, positions=torch.tensor([7, 2, 9]))
+    torch.testing.assert_close(out[0], enc.weight.detach()[[7, 2, 9]])
+    with pytest.raises(PositionError, match="position 10 is past the end of the learned position table"):
+        enc(x, positions=torch.tensor([0, 1, 10]))
+    with pytest.raises(ValueError, match="positions must be integers for a learned table"):
+        enc(x, positions=torch.tensor([0.0, 1.5, 2.0]))
+    with pytest.raises(ValueError, match=r"positions must have shape \(3,\)"):
+        enc(x, positions=torch.tensor([0, 1]))
+    assert torch.equal(NoPositionalEncoding()(x, positions=torch.tensor([4, 5, 6])), x)

@@ -34,8 +34,9 @@ class SinusoidalEncoding(nn.Module):
         base: the constant 10000 of the paper.
 
     Shape:
-        forward(x, offset=0): x (batch, seq, d_model) or (seq, d_model) -> same shape, at positions
-        offset .. offset+seq-1.
+        forward(x, offset=0, positions=None): x (batch, seq, d_model) or (seq, d_model) -> same shape, at
+        positions offset .. offset+seq-1, or at ``positions`` (seq,) or (batch, seq), integer or fractional
+        (randomized positions, Ruoss et al. 2023).
     """
 
     def __init__(self, d_model: int, base: float = 10000.0):
@@ -73,8 +74,13 @@ class SinusoidalEncoding(nn.Module):
         theta = angles(positions, inverse_frequencies(self.d_model, self.base))
         return torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1).flatten(-2).to(torch.float32)
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         _check_input(x, self.d_model)
+        if positions is not None:
+            positions = _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() == 3 else None)
+            return x + self._encode(positions.to(x.device)).to(x.dtype)
         return x + self.table(x.shape[-2], offset, x.device).to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -92,7 +98,8 @@ class LearnedEmbedding(nn.Module):
         init_std: standard deviation of the normal initialisation (GPT-2 uses 0.02).
 
     Shape:
-        forward(x, offset=0): x (batch, seq, d_model) or (seq, d_model) -> same shape.
+        forward(x, offset=0, positions=None): x (batch, seq, d_model) or (seq, d_model) -> same shape, at
+        positions offset .. offset+seq-1, or at integer ``positions`` (seq,) or (batch, seq).
     """
 
     def __init__(self, max_len: int, d_model: int, init_std: float = 0.02):
@@ -103,8 +110,22 @@ class LearnedEmbedding(nn.Module):
             torch.randn(max_len, d_model) * _checks.positive_float("init_std", init_std)
         )
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         _check_input(x, self.d_model)
+        if positions is not None:
+            positions = _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() == 3 else None)
+            if positions.is_floating_point():
+                raise ValueError(
+                    f"positions must be integers for a learned table, got dtype {positions.dtype}"
+                )
+            if _checks.can_read(positions) and positions.numel() and positions.max().item() >= self.max_len:
+                raise PositionError(
+                    f"position {positions.max().item()} is past the end of the learned position table "
+                    f"(max_len={self.max_len}, positions 0..{self.max_len - 1})"
+                )
+            return x + self.weight[positions.to(x.device)].to(x.dtype)
         _checks.non_negative_int("offset", offset)
         end = offset + x.shape[-2]
         if end > self.max_len:
@@ -121,5 +142,7 @@ class LearnedEmbedding(nn.Module):
 class NoPositionalEncoding(nn.Module):
     """No positional information at all (NoPE): returns its input. A baseline for the laboratory."""
 
-    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return x

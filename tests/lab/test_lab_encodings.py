@@ -37,7 +37,7 @@ def test_a_registered_encoding_is_a_valid_config_and_builds_a_model():
 
 
 def test_extension_scaling_is_the_hugging_face_dict_of_each_method():
-    assert list(EXTENSIONS) == ["pi", "ntk", "dynamic", "yarn"]
+    assert list(EXTENSIONS) == ["pi", "ntk", "dynamic", "yarn", "bca", "temp"]
     assert extension_scaling("pi", 2.0, 64) == {"rope_type": "linear", "factor": 2.0}
     assert extension_scaling("ntk", 2.0, 64) == {"rope_type": "ntk", "factor": 2.0}
     assert extension_scaling("dynamic", 2.0, 64) == {"rope_type": "dynamic", "factor": 2.0}

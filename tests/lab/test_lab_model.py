@@ -188,9 +188,13 @@ def test_rope_extension_restores_after_an_error_and_checks_its_arguments():
     with pytest.raises(RuntimeError, match="boom"), rope_extension(m, "ntk", 2.0, 8):
         raise RuntimeError("boom")
     assert m.rotary is original
-    with pytest.raises(LabError, match="extension='rerope' is not known; allowed: pi, ntk, dynamic, yarn"):
+    with pytest.raises(
+        LabError, match="extension='rerope' is not known; allowed: pi, ntk, dynamic, yarn, bca"
+    ):
         with rope_extension(m, "rerope", 2.0, 8):
             pass
-    with pytest.raises(LabError, match="extension='pi' needs a rope model; this one is 'alibi'"):
+    with pytest.raises(
+        LabError, match=r"extension='pi' applies to the schemes \['rope'\]; this model is 'alibi'"
+    ):
         with rope_extension(tiny("alibi"), "pi", 2.0, 8):
             pass

@@ -37,13 +37,22 @@ class Encoding:
     """The positional machinery of one scheme.
 
     input: adds position to the embeddings, ``(B, T, D), offset -> (B, T, D)``.
-    rotary: rotates q and k in every layer (RoPE), or None.
-    bias: the attention-score bias passed to :func:`posenc.attention` (ALiBi, T5, KERPLE, ...), or None.
+    rotary: rotates q and k in every layer (RoPE, xPos), or None.
+    bias: the attention bias passed to :func:`posenc.attention` in every layer (ALiBi, T5, KERPLE, ...), or
+        None.
+    layer_bias: for schemes with parameters of their own in each layer (Shaw et al., CoPE): a function
+        called once per layer that returns that layer's bias module; used instead of ``bias``.
+    random_positions: randomized positions (Ruoss et al. 2023, arxiv.org/abs/2305.16843): each forward pass
+        places its T tokens at a sorted random sample of T distinct positions from 0 .. n-1 (n = this
+        value, or T when T is larger), instead of 0 .. T-1. The encodings (``input``'s and ``rotary``'s)
+        must take positions. None: ordinary positions.
     """
 
     input: nn.Module = field(default_factory=posenc.NoPositionalEncoding)
     rotary: posenc.RotaryEmbedding | None = None
     bias: nn.Module | None = None
+    layer_bias: Callable[[], nn.Module] | None = None
+    random_positions: int | None = None
 
 
 ENCODINGS: dict[str, Callable[[GPTConfig], Encoding]] = {}
@@ -109,7 +118,58 @@ def _fire(cfg: GPTConfig) -> Encoding:
     return Encoding(bias=posenc.FireBias(cfg.n_head, train_len=cfg.max_len))
 
 
+@register_encoding("xpos")
+def _xpos(cfg: GPTConfig) -> Encoding:
+    # Sun et al. 2022: RoPE with a per-pair decay; evaluated past the training length with blockwise causal
+    # attention (the "bca" extension), as in the paper
+    return Encoding(rotary=posenc.XPos(cfg.head_dim, base=cfg.rope_base))
+
+
+@register_encoding("shaw")
+def _shaw(cfg: GPTConfig) -> Encoding:
+    # Shaw et al. 2018: learned key and value vectors per clipped distance (k = 16, the paper's), one pair of
+    # tables per layer shared by its heads
+    return Encoding(layer_bias=lambda: posenc.ShawRelative(cfg.head_dim, max_distance=16))
+
+
+@register_encoding("cope")
+def _cope(cfg: GPTConfig) -> Encoding:
+    # Golovneva et al. 2024: positions counted by gates on the query-key scores; one position table per layer,
+    # as long as the training context (a CoPE position never exceeds the number of keys a query sees)
+    return Encoding(layer_bias=lambda: posenc.CoPE(cfg.head_dim, npos_max=cfg.max_len))
+
+
+# Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick
+# preset (16 x the training length), so that every position seen at evaluation was seen in training.
+RANDOM_RANGE_MULTIPLE = 16
+
+
+@register_encoding("rope-random")
+def _rope_random(cfg: GPTConfig) -> Encoding:
+    return Encoding(
+        rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base),
+        random_positions=RANDOM_RANGE_MULTIPLE * cfg.max_len,
+    )
+
+
+@register_encoding("sinusoidal-random")
+def _sinusoidal_random(cfg: GPTConfig) -> Encoding:
+    return Encoding(
+        input=posenc.SinusoidalEncoding(cfg.d_model), random_positions=RANDOM_RANGE_MULTIPLE * cfg.max_len
+    )
+
+
 BUILTIN = tuple(ENCODINGS)  # the schemes above, in the order `--schemes all` runs them
+
+# The built-ins that pair dimensions, checked by GPTConfig before a model is built: rotations pair the
+# dimensions of a head, the sinusoidal table those of d_model.
+EVEN_HEAD_DIM = ("rope", "xpos", "rope-random")
+EVEN_D_MODEL = ("sinusoidal", "sinusoidal-random")
+
+
+def registered_names() -> list[str]:
+    """The names registered with :func:`register_encoding`, sorted (not the imported user specs)."""
+    return sorted(n for n in ENCODINGS if ":" not in n)
 
 
 def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
@@ -120,7 +180,7 @@ def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
         return ENCODINGS[name]
     if not isinstance(name, str) or ":" not in name:
         raise LabError(
-            f"encoding={name!r} is not known; allowed: {', '.join(sorted(ENCODINGS))}, "
+            f"encoding={name!r} is not known; allowed: {', '.join(registered_names())}, "
             "or your own as 'package.module:function' / 'path/to/file.py:function'"
         )
     where, _, attr = name.rpartition(":")
@@ -152,7 +212,7 @@ def expand_schemes(names) -> tuple[str, ...]:
     unknown = [n for n in names if n != "all" and n not in ENCODINGS and ":" not in str(n)]
     if unknown:
         raise LabError(
-            f"schemes={list(names)!r}: unknown {unknown}; allowed: all, {', '.join(sorted(ENCODINGS))}, "
+            f"schemes={list(names)!r}: unknown {unknown}; allowed: all, {', '.join(registered_names())}, "
             "or your own as 'package.module:function' / 'path/to/file.py:function'"
         )
     out: list[str] = []
@@ -168,12 +228,31 @@ def expand_schemes(names) -> tuple[str, ...]:
 # pi: position interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595); ntk: NTK-aware base
 # scaling (bloc97 2023); dynamic: dynamic NTK (emozilla 2023); yarn: YaRN (Peng et al. 2023,
 # arxiv.org/abs/2309.00071).
-EXTENSIONS: dict[str, str] = {"pi": "linear", "ntk": "ntk", "dynamic": "dynamic", "yarn": "yarn"}
+ROPE_EXTENSIONS: dict[str, str] = {"pi": "linear", "ntk": "ntk", "dynamic": "dynamic", "yarn": "yarn"}
+
+# Every eval-time extension -> the schemes it applies to. Besides RoPE's:
+# bca: blockwise causal attention, each query sees its own block of half the training length and the previous
+#   one
+#   (Sun et al. 2022, arxiv.org/abs/2212.10554, section 3.3: how xPos is evaluated past its training length);
+# temp: NoPE with a sharper softmax past the training length, scores times log(n) / log(L) at length n and
+#   training length L (Wang et al. 2024, arxiv.org/abs/2404.12224, who find NoPE's attention spreads out
+#   past L and tune one temperature; log-length scaling is Chiang & Cholak 2022, arxiv.org/abs/2202.12172).
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    **{method: ("rope",) for method in ROPE_EXTENSIONS},
+    "bca": ("xpos",),
+    "temp": ("none",),
+}
+
+
+def extensions_for(scheme: str, requested) -> list[str]:
+    """The extensions among ``requested`` (names of :data:`EXTENSIONS`) that apply to ``scheme``."""
+    return [m for m in requested if scheme in EXTENSIONS.get(m, ())]
 
 
 def extension_scaling(method: str, factor: float, train_len: int) -> dict:
-    """The ``rope_scaling`` dict of extension ``method`` (a key of :data:`EXTENSIONS`) at ``factor``."""
-    scaling = {"rope_type": EXTENSIONS[method], "factor": factor}
+    """The ``rope_scaling`` dict of RoPE extension ``method`` (a key of :data:`ROPE_EXTENSIONS`) at
+    ``factor``."""
+    scaling = {"rope_type": ROPE_EXTENSIONS[method], "factor": factor}
     if method == "yarn":
         # YaRN picks which frequencies to interpolate by how many turns they make within the original context.
         scaling["original_max_position_embeddings"] = train_len

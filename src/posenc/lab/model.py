@@ -22,10 +22,10 @@ from torch import nn
 
 import posenc
 from posenc.lab.config import GPTConfig, check_choice, check_number
-from posenc.lab.encodings import EXTENSIONS, extension_scaling, lookup
+from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, extension_scaling, lookup
 from posenc.lab.errors import LabError
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "next_byte_loss", "rope_extension"]
+__all__ = ["GPT", "GPTConfig", "KVCache", "eval_extension", "next_byte_loss", "rope_extension"]
 
 
 class KVCache:
@@ -77,22 +77,18 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rotary: posenc.RotaryEmbedding | None,
-        bias: torch.nn.Module | None,
-        cache: KVCache | None = None,
-        layer: int = 0,
+        self, x: torch.Tensor, attend: dict, cache: KVCache | None = None, layer: int = 0
     ) -> torch.Tensor:
-        """``x`` (B, T, D) -> (B, T, D). When decoding, ``cache`` holds every layer's past; this is
-        ``layer``."""
+        """``x`` (B, T, D) -> (B, T, D). ``attend``: the keyword arguments of :func:`posenc.attention` that
+        carry the positional scheme (rotary, bias, positions, scale). When decoding, ``cache`` holds every
+        layer's past; this is ``layer``."""
         B, T, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
         # places them, so one call serves training (T == len) and cached decoding (T < len).
-        y = posenc.attention(q, k, v, rotary=rotary, bias=bias, causal=True)  # (B, H, T, hd)
+        y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
 
@@ -108,8 +104,12 @@ class GPT(nn.Module):
     forward(idx (B, T) int64, cache=None) -> logits (B, T, V) float32. With a :class:`KVCache`, ``idx``
     holds only the new tokens; their positions continue from ``cache.length``.
 
-    The encoding's modules are children (``pos_input``, ``rotary``, ``score_bias``) so ``.to(device)`` and
-    ``state_dict`` see them (a learned table, a bias's parameters); ``rotary`` and ``score_bias`` may be None.
+    The encoding's modules are children (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so
+    ``.to(device)`` and ``state_dict`` see them (a learned table, a bias's parameters); ``rotary``,
+    ``score_bias`` and ``layer_biases`` may be None.
+
+    Eval-time extensions (:func:`eval_extension`) set ``attention_window`` (blockwise causal attention) or
+    ``score_temperature`` (scores multiplied by it); both are off by default and have no parameters.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -118,6 +118,12 @@ class GPT(nn.Module):
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         enc = lookup(cfg.encoding)(cfg)
         self.pos_input, self.rotary, self.score_bias = enc.input, enc.rotary, enc.bias
+        self.layer_biases = None
+        if enc.layer_bias is not None:
+            self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
+        self.random_positions = enc.random_positions
+        self.attention_window: int | None = None
+        self.score_temperature = 1.0
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
         self._init_weights()
@@ -153,13 +159,40 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         offset = cache.length if cache is not None else 0
+        T = idx.shape[1]
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
-        x = self.pos_input(x, offset=offset)
+        attend: dict = {"rotary": self.rotary, "bias": self.score_bias}
+        if self.random_positions is not None:
+            if cache is not None:
+                raise LabError("a model with randomized positions cannot decode with a KV cache")
+            positions = self._random_positions(T, idx.device)
+            x = self.pos_input(x, positions=positions)
+            if self.rotary is not None:
+                attend["positions"] = positions
+        else:
+            x = self.pos_input(x, offset=offset)
+        if self.attention_window is not None:
+            k_len = offset + T
+            attend["bias"] = posenc.blockwise_causal_mask(T, k_len, self.attention_window).to(idx.device)
+        if self.score_temperature != 1.0:
+            attend["scale"] = self.score_temperature / math.sqrt(self.cfg.head_dim)
         for i, block in enumerate(self.blocks):
-            x = block(x, self.rotary, self.score_bias, cache, i)
+            if self.layer_biases is not None:
+                attend["bias"] = self.layer_biases[i]
+            x = block(x, attend, cache, i)
         if cache is not None:
-            cache.length += idx.shape[1]
+            cache.length += T
         return self.norm(x) @ self.tok.weight.T
+
+    def _random_positions(self, T: int, device) -> torch.Tensor:
+        """(T,) sorted distinct positions drawn from 0 .. max(random_positions, T) - 1 (Ruoss et al. 2023).
+
+        Training draws from torch's global generator (seeded by the run); evaluation from a generator
+        seeded by T, so that a model scores the same windows the same way every time.
+        """
+        n = max(self.random_positions, T)
+        generator = None if self.training else torch.Generator().manual_seed(T)
+        return torch.randperm(n, generator=generator)[:T].sort().values.to(device)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-byte cross-entropy (nats)."""
@@ -182,6 +215,8 @@ class GPT(nn.Module):
         it the whole sequence is re-run each step (the reference the cache is tested against).
         """
         check_number("temperature", temperature, low=0, why="0 means greedy")
+        # randomized positions are drawn per sequence length, so every step re-reads the whole sequence
+        use_cache = use_cache and self.random_positions is None
         out = prompt
         cache = KVCache(self.cfg.n_layer) if use_cache else None
         step_input = prompt
@@ -205,26 +240,43 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator
 
 
 @contextmanager
-def rope_extension(model: GPT, method: str | None, factor: float, train_len: int) -> Iterator[GPT]:
-    """Inside the block ``model`` uses RoPE eval-time extension ``method`` at ``factor``; after, its own.
+def eval_extension(model: GPT, method: str | None, factor: float, train_len: int) -> Iterator[GPT]:
+    """Inside the block ``model`` uses eval-time extension ``method`` at ``factor``; after, its own.
 
     Args:
-        method: a key of :data:`posenc.lab.encodings.EXTENSIONS`, or None for no change (so a caller
-            evaluating with and without extensions needs no branch).
-        factor: evaluation length / training length. At ``factor <= 1`` every method reduces to plain
-            RoPE, so the model is left as it is.
-        train_len: the training length (YaRN's original context).
+        method: a key of :data:`posenc.lab.encodings.EXTENSIONS` that applies to the model's scheme (RoPE's
+            pi/ntk/dynamic/yarn, xPos's bca, NoPE's temp), or None for no change (so a caller evaluating
+            with and without extensions needs no branch).
+        factor: evaluation length / training length. At ``factor <= 1`` every method reduces to the model
+            as trained, so the model is left as it is.
+        train_len: the training length (YaRN's original context, BCA's block, temp's reference length).
     """
     if method is None:
         yield model
         return
     check_choice("extension", method, EXTENSIONS)
-    if model.rotary is None:
-        raise LabError(f"extension={method!r} needs a rope model; this one is {model.cfg.encoding!r}")
-    original = model.rotary
+    if model.cfg.encoding not in EXTENSIONS[method]:
+        raise LabError(
+            f"extension={method!r} applies to the schemes {list(EXTENSIONS[method])}; this model is "
+            f"{model.cfg.encoding!r}"
+        )
+    original = model.rotary, model.attention_window, model.score_temperature
     try:
         if factor > 1:
-            model.set_rope_scaling(extension_scaling(method, factor, train_len))
+            if method in ROPE_EXTENSIONS:
+                model.set_rope_scaling(extension_scaling(method, factor, train_len))
+            elif method == "bca":
+                # blocks of half the training length: a query sees its own block and the previous one, so
+                # between L/2 and L keys, never more than in training (Sun et al. 2022, section 3.3)
+                model.attention_window = max(1, train_len // 2)
+            elif method == "temp":
+                if train_len < 2:
+                    raise LabError(f"extension='temp' needs train_len >= 2 (log(L) > 0), got {train_len}")
+                model.score_temperature = math.log(factor * train_len) / math.log(train_len)
         yield model
     finally:
-        model.rotary = original
+        model.rotary, model.attention_window, model.score_temperature = original
+
+
+# The name the RoPE-only version had; every extension goes through eval_extension now.
+rope_extension = eval_extension
