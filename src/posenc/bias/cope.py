@@ -36,8 +36,8 @@ class CoPE(ContentBias):
             uses the training length + 1, since a count of 0 is possible).
 
     ``pos_emb`` starts at zero, as in the reference. Each block of queries computes its rows of gates, the
-    reverse cumulative sum along the keys, the interpolated bias and its output inside one checkpoint, so no
-    (heads, L, L) tensor lives (:mod:`posenc.kernels.query_blocked`).
+    reverse cumulative sum along the keys, the interpolated bias and its output, and the backward recomputes
+    them block by block, so no (heads, L, L) tensor lives (:mod:`posenc.kernels.query_blocked`).
     """
 
     causal_only = True

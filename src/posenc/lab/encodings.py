@@ -134,9 +134,9 @@ def _shaw(cfg: GPTConfig) -> Encoding:
 
 @register_encoding("cope")
 def _cope(cfg: GPTConfig) -> Encoding:
-    # Golovneva et al. 2024: positions counted by gates on the query-key scores; one position table per layer,
-    # as long as the training context (a CoPE position never exceeds the number of keys a query sees)
-    return Encoding(layer_bias=lambda: posenc.CoPE(cfg.head_dim, npos_max=cfg.max_len))
+    # Golovneva et al. 2024: positions counted by gates on the query-key scores; one position table per layer
+    # with the training length + 1 entries, as their code (a count runs from 0 to the keys a query sees)
+    return Encoding(layer_bias=lambda: posenc.CoPE(cfg.head_dim, npos_max=cfg.max_len + 1))
 
 
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick
