@@ -44,6 +44,22 @@ from posenc.cli import main
         # a binary file is refused like a folder of binary files
         (["train", "--encoding", "rope", "--out", "{tmp}/r", "--corpus", "{tmp}/binary.dat"], "binary file"),
         (["train", "--encoding", "rope", "--out", "{tmp}/r", "--grad-clip", "-1"], "grad_clip=-1.0 must be"),
+        (
+            ["compare", "--out", "{tmp}/c", "--protocol", "windows,chunks"],
+            "unknown ['chunks']; allowed: windows",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--copy-fraction", "1.5"],
+            "copy_fraction=1.5 must be a number in [0, 1]",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--copy-fraction", "nan"],
+            "copy_fraction=nan must be a number in [0, 1]",
+        ),
+        (
+            ["train", "--encoding", "rope", "--out", "{tmp}/r", "--copy-fraction", "-0.1"],
+            "copy_fraction=-0.1 must",
+        ),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
@@ -124,6 +140,12 @@ def test_cli_train_eval_sample_round_trip(corpus_dir, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("def ")
 
 
+def test_cli_compare_seeds_must_be_a_positive_integer(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--seeds", "0"])
+    assert "--seeds: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
 def test_cli_integer_flags_say_what_they_expect(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--encoding", "rope", "--out", "x", "--steps", "0"])
@@ -183,21 +205,23 @@ def test_odd_head_sizes_train_where_nothing_pairs_head_dimensions(encoding, corp
     assert r.step == 2 and r.model.generate(torch.zeros(1, 1, dtype=torch.long), 3).shape == (1, 4)
 
 
-def test_cli_passkey_minimum_is_the_shortest_length_that_works(tmp_path, capsys):
+@pytest.mark.parametrize("style, digits", [("code", 3), ("sentences", 5), ("code", 1)])
+def test_cli_passkey_minimum_is_the_shortest_length_that_works(style, digits, tmp_path, capsys):
     import re
 
     from posenc.lab.evaluate import passkey_prompt
 
     (tmp_path / "empty").mkdir()
-    assert main(["eval", str(tmp_path / "empty"), "--passkey-lens", "16,400"]) == 2
+    argv = ["eval", str(tmp_path / "empty"), "--passkey-lens", "16,400", "--passkey-style", style]
+    assert main(argv + ["--passkey-digits", str(digits)]) == 2
     err = capsys.readouterr().err
     assert "passkey lengths [16] are too short" in err and len(err.splitlines()) == 1
     least = int(re.search(r"at least (\d+) bytes", err).group(1))
-    digits = 5  # the prompt holds least - 5 bytes, the model answers with the 5 key digits
-    ids, _ = passkey_prompt(least - digits, "12345", 0.5)
+    key = "7" * digits  # the prompt holds least - digits bytes, the model answers with the key's digits
+    ids, _ = passkey_prompt(least - digits, key, 0.5, style=style)
     assert len(ids) == least - digits
     with pytest.raises(ValueError, match="too short"):
-        passkey_prompt(least - digits - 1, "12345", 0.5)
+        passkey_prompt(least - digits - 1, key, 0.5, style=style)
 
 
 def test_cli_resume_without_a_checkpoint_says_it_starts_a_new_run(corpus_dir, tmp_path, capsys):

@@ -1,13 +1,24 @@
 """posenc compare end to end (tiny preset): its files and their schema, resume, worker processes."""
 
+import hashlib
 import json
 import math
+import subprocess
+from dataclasses import replace
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
+import posenc
 from posenc.cli import main
 from posenc.lab.config import PRESETS
+from posenc.lab.data import load_corpus
+from posenc.lab.encodings import ENCODINGS, extensions_for
 from posenc.lab.report import extrapolation_figure, save_figure
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_compare_args(out, corpus_dir, cache, jobs=1, schemes=None):
@@ -43,26 +54,62 @@ def compared(corpus_dir, tmp_path_factory):
     return out, cache, args
 
 
+def expected_rows(settings):
+    """The report's rows: each scheme, then its extensions (whatever the extension list holds)."""
+    return [
+        label
+        for sc in settings.schemes
+        for label in [sc, *(f"{sc}+{e}" for e in extensions_for(sc, settings.extensions))]
+    ]
+
+
+MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat"]
+
+
 def test_compare_writes_results_json_with_the_exact_schema(compared):
     out, _, _ = compared
     data = json.loads((out / "results.json").read_text())
-    assert set(data) == {"train_len", "eval_lens", "corpus", "results"}
+    assert list(data) == ["train_len", "eval_lens", "corpus", "seeds", "protocols", "provenance", "results"]
     tiny = PRESETS["tiny"]
     assert data["train_len"] == tiny.train_len
     assert data["eval_lens"] == [tiny.train_len * m for m in tiny.eval_mults]
+    assert data["seeds"] == 1 and data["protocols"] == ["windows", "sliding", "past"]
     assert isinstance(data["corpus"], str) and data["corpus"].endswith("corpus0")
     schemes = [r["scheme"] for r in data["results"]]
-    assert schemes == ["none", "sinusoidal", "learned", "rope", "rope+pi", "rope+ntk", "rope+yarn", "alibi"]
+    assert schemes == expected_rows(tiny)
+    keys = ["scheme", "seeds"] + [k for m in MEASURES for k in (m, f"{m}_sd")] + ["per_seed", "note"]
     for r in data["results"]:
-        assert set(r) == {"scheme", "ppl", "note"}
-        assert list(r["ppl"]) == [str(n) for n in data["eval_lens"]]
+        assert list(r) == keys
+        assert r["seeds"] == 1 and list(r["per_seed"]) == ["0"]
+        for m in MEASURES:
+            assert list(r[m]) == [str(n) for n in data["eval_lens"]]
+            assert all(v is None for v in r[f"{m}_sd"].values())  # one seed: no spread
+            assert r["per_seed"]["0"][m] == r[m]  # one seed: the mean is that seed's value
         for v in r["ppl"].values():
             assert v is None or (isinstance(v, float) and math.isfinite(v) and v > 1)
+        assert r["gain"][str(tiny.train_len)] is None  # both contexts are the whole window
         assert r["note"] is None or isinstance(r["note"], str)
     learned = next(r for r in data["results"] if r["scheme"] == "learned")
     assert learned["ppl"][str(tiny.train_len)] is not None
     assert all(learned["ppl"][str(n)] is None for n in data["eval_lens"][1:])
     assert "max_len=16" in learned["note"]
+
+
+def test_results_json_records_how_to_reproduce_the_run(compared, corpus_dir):
+    out, cache, _ = compared
+    prov = json.loads((out / "results.json").read_text())["provenance"]
+    assert prov["posenc"] == posenc.__version__ and prov["torch"] == torch.__version__
+    assert prov["device"] == "cpu"
+    assert prov["settings"] == PRESETS["tiny"].to_json()
+    data = load_corpus(corpus_dir, cache_dir=cache)
+    for split in ("train", "val"):
+        tokens = np.asarray(getattr(data, split))
+        assert prov["corpus"][split]["tokens"] == len(tokens)
+        assert prov["corpus"][split]["sha256"] == hashlib.sha256(tokens.tobytes()).hexdigest()
+    # run from this checkout: the revision is the checkout's HEAD
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    if head.returncode == 0:
+        assert prov["git"]["commit"] == head.stdout.strip()
 
 
 def test_compare_writes_table_and_plot(compared, tmp_path):
@@ -76,15 +123,17 @@ def test_compare_writes_table_and_plot(compared, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # What the PNG shows: the figure of results.json, one line per row and the training length.
     fig = extrapolation_figure(data)
-    (ax,) = fig.axes
+    ax, gain = fig.axes
     assert ax.get_title() == "Length extrapolation: trained short, evaluated long"
     assert ax.get_xlabel() == "evaluation length (tokens)" and ax.get_ylabel() == "perplexity (bytes)"
     labels = [line.get_label() for line in ax.get_lines()]
     assert labels == [r["scheme"] for r in data["results"]] + [f"train length {data['train_len']}"]
+    measured = [r["scheme"] for r in data["results"] if r["gain"][str(data["eval_lens"][-1])] is not None]
+    assert [line.get_label() for line in gain.get_lines()][:-1] == measured  # learned has no gain past L
     save_figure(fig, tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes() == png
     for scheme in ("none", "sinusoidal", "learned", "rope", "alibi"):
-        assert (out / "models" / scheme / "checkpoints" / "latest").exists()
+        assert (out / "models" / scheme / "seed-0" / "checkpoints" / "latest").exists()
 
 
 def test_compare_resumes_by_skipping_finished_models(compared, capsys):
@@ -101,7 +150,7 @@ def test_compare_with_two_worker_processes_gives_the_same_numbers(compared, corp
     out, cache, _ = compared
     assert main(tiny_compare_args(tmp_path, corpus_dir, cache, jobs=2, schemes="rope,alibi")) == 0
     two, one = ppl_by_scheme(tmp_path), ppl_by_scheme(out)
-    assert set(two) == {"rope", "rope+pi", "rope+ntk", "rope+yarn", "alibi"}
+    assert list(two) == expected_rows(replace(PRESETS["tiny"], schemes=("rope", "alibi")))
     for scheme, ppl in two.items():
         assert ppl == pytest.approx(one[scheme], rel=1e-5)
 
@@ -117,7 +166,7 @@ def test_a_killed_compare_resumes_partial_training_to_the_same_numbers(compared,
     partial = train(
         s.model_config("rope"),
         s.train_config(),
-        tmp_path / "models" / "rope",
+        tmp_path / "models" / "rope" / "seed-0",
         corpus=data,
         progress=False,
         ckpt_every=s.ckpt_every,
@@ -128,3 +177,135 @@ def test_a_killed_compare_resumes_partial_training_to_the_same_numbers(compared,
     resumed, whole = ppl_by_scheme(tmp_path), ppl_by_scheme(out)
     for scheme, ppl in resumed.items():
         assert ppl == whole[scheme]  # exactly: the resumed model is the uninterrupted model
+
+
+# ---------------------------------------------------------------------------------------------- seeds
+
+
+@pytest.fixture(scope="module")
+def two_seeds(compared, corpus_dir):
+    """The module's one-seed compare (seed 0) extended to two seeds, rope and alibi only."""
+    out, cache, _ = compared
+    args = tiny_compare_args(out, corpus_dir, cache, schemes="rope,alibi") + ["--seeds", "2"]
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "models").rglob("model.safetensors")}
+    one = json.loads((out / "results.json").read_text())
+    assert main(args) == 0
+    return out, args, stamps, one
+
+
+def test_seeds_report_the_mean_and_sd_of_the_per_seed_values(two_seeds):
+    out, _, _, one = two_seeds
+    data = json.loads((out / "results.json").read_text())
+    assert data["seeds"] == 2
+    single = {r["scheme"]: r for r in one["results"]}
+    for r in data["results"]:
+        assert r["seeds"] == 2 and list(r["per_seed"]) == ["0", "1"]
+        # seed 0 is the model the one-seed run trained, evaluated again with the same numbers
+        assert r["per_seed"]["0"]["ppl"] == single[r["scheme"]]["ppl"]
+        assert r["per_seed"]["1"]["ppl"] != r["per_seed"]["0"]["ppl"]  # another init and batch order
+        for m in MEASURES:
+            for n, v in r[m].items():
+                values = [r["per_seed"][s][m][n] for s in ("0", "1")]
+                if None in values:
+                    assert v is None and r[f"{m}_sd"][n] is None
+                    continue
+                assert v == pytest.approx(np.mean(values), rel=1e-12)
+                assert r[f"{m}_sd"][n] == pytest.approx(np.std(values, ddof=1), rel=1e-9, abs=1e-15)
+    md = (out / "results.md").read_text()
+    rope = next(r for r in data["results"] if r["scheme"] == "rope")
+    n = str(data["train_len"])
+    assert f"| rope | {rope['ppl'][n]:.2f} ± {rope['ppl_sd'][n]:.2f} |" in md
+    assert "seeds 0..1, mean ± sd" in md
+
+
+def test_a_finished_seed_is_not_trained_again(two_seeds, capsys):
+    out, args, stamps, _ = two_seeds
+    # going from one seed to two trained only seed 1
+    for path, stamp in stamps.items():
+        if "seed-0" in path.parts and path.parts[-5] in ("rope", "alibi"):
+            assert path.stat().st_mtime_ns == stamp
+    assert (out / "models" / "rope" / "seed-1" / "checkpoints" / "latest").exists()
+    # and a rerun of the two-seed compare trains and evaluates nothing
+    now = {p: p.stat().st_mtime_ns for p in (out / "models").rglob("*.json")}
+    capsys.readouterr()
+    assert main(args) == 0
+    assert {p: p.stat().st_mtime_ns for p in (out / "models").rglob("*.json")} == now
+
+
+def test_seeds_are_separate_tasks_in_the_worker_pool(monkeypatch, tmp_path):
+    """Each (scheme, seed) is submitted on its own, so seeds train in parallel."""
+    import posenc.lab.compare as lab_compare
+
+    submitted = []
+
+    class Pool:
+        def __init__(self, *a, **kw):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, scheme, seed, *args):
+            from concurrent.futures import Future
+
+            submitted.append((scheme, seed, args[2] if len(args) == 3 else None))  # (settings, events, ext)
+            f = Future()
+            f.set_result({"scheme": scheme, "seed": seed})
+            return f
+
+    monkeypatch.setattr(lab_compare, "ProcessPoolExecutor", Pool)
+    s = replace(PRESETS["tiny"], schemes=("alibi", "rope"), extensions=("pi",), seeds=3, seed=5)
+    order, followups = lab_compare._task_order(s)
+    display = lab_compare.CompareProgress(1, [], enabled=False)
+    rows = lab_compare._run_pool(order, followups, (s,), display, jobs=2, threads=1)
+    trained = [t for t in submitted if t[2] is None]
+    assert sorted(trained) == [(sc, seed, None) for sc in ("alibi", "rope") for seed in (5, 6, 7)]
+    assert sorted(t for t in submitted if t[2] is not None) == [("rope", seed, "pi") for seed in (5, 6, 7)]
+    assert len(rows) == 9
+
+
+def test_protocol_and_copy_fraction_flags_reach_the_report_and_the_training(compared, corpus_dir, tmp_path):
+    _, cache, _ = compared
+    args = tiny_compare_args(tmp_path, corpus_dir, cache, schemes="alibi")
+    assert main(args + ["--protocol", "sliding", "--copy-fraction", "0.5"]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["protocols"] == ["sliding"]
+    (row,) = data["results"]
+    assert "ppl_past" not in row and row["ppl_sliding"]["16"] > 1 and row["ppl"]["16"] > 1
+    md = (tmp_path / "results.md").read_text()
+    assert "Protocol `sliding`" in md and "Protocol `windows`" not in md and "Protocol `past`" not in md
+    state = json.loads((tmp_path / "models" / "alibi" / "seed-0" / "run.json").read_text())
+    assert state["train"]["copy_fraction"] == 0.5
+
+
+def test_a_finished_model_trained_with_other_settings_is_refused_not_reused(
+    compared, corpus_dir, tmp_path, capsys
+):
+    _, cache, _ = compared
+    args = tiny_compare_args(tmp_path, corpus_dir, cache, schemes="alibi")
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(args + ["--copy-fraction", "0.5"]) == 2  # same --out, a model trained without copies
+    assert "train.copy_fraction: checkpoint has None, requested 0.5" in capsys.readouterr().err
+
+
+def test_a_scheme_given_by_path_keeps_its_models_under_out(compared, corpus_dir, tmp_path):
+    _, cache, _ = compared
+    user = tmp_path / "mine.py"
+    user.write_text(
+        "import posenc\nfrom posenc.lab.encodings import Encoding\n\n\ndef alibi(cfg):\n"
+        "    return Encoding(bias=posenc.ALiBi(cfg.n_head))\n"
+    )
+    spec = f"{user}:alibi"
+    try:
+        assert main(tiny_compare_args(tmp_path / "out", corpus_dir, cache, schemes=spec)) == 0
+    finally:
+        ENCODINGS.pop(spec, None)  # registered on first use; other tests list the registry
+    (run,) = (tmp_path / "out" / "models").iterdir()
+    assert (run / "seed-0" / "checkpoints" / "latest").exists()
+    assert not (tmp_path / "mine.py:alibi").exists()
+    rows = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
+    assert [r["scheme"] for r in rows] == [spec]

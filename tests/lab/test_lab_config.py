@@ -22,7 +22,7 @@ from posenc.lab.errors import LabError
 
 
 def test_settings_validation():
-    with pytest.raises(LabError, match="preset='huge' is not known; allowed: tiny, quick, gpu"):
+    with pytest.raises(LabError, match="preset='huge' is not known; allowed: tiny, quick, standard, gpu"):
         settings_for("huge")
     with pytest.raises(LabError, match=r"unknown \['nope'\]"):
         Settings(schemes=("rope", "nope"))
@@ -37,8 +37,9 @@ def test_settings_validation():
     [
         (
             {"encoding": "nope"},
-            "encoding='nope' is not known; allowed: alibi, fire, kerple, learned, none, rope, sandwich, "
-            "sinusoidal, t5, or your own as 'package.module:function'",
+            "encoding='nope' is not known; allowed: alibi, cope, fire, kerple, learned, none, rope, "
+            "rope-random, sandwich, shaw, sinusoidal, sinusoidal-random, t5, xpos, or your own as "
+            "'package.module:function'",
         ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),
@@ -135,3 +136,31 @@ def test_settings_json_and_the_configs_they_build():
     assert s.model_config("alibi") == GPTConfig(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
     assert s.train_config() == TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup=1, seed=0)
     assert Settings(extensions=()).extensions == ()
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"seeds": 0}, "seeds=0 must be a positive integer"),
+        ({"protocols": ("windows", "chunked")}, "unknown ['chunked']; allowed: windows, sliding, past"),
+        ({"protocols": ()}, "protocols=[] is empty; give one or more of: windows, sliding, past"),
+        ({"sliding_tokens": 0}, "sliding_tokens=0 must be a positive integer"),
+        ({"probe_windows": -1}, "probe_windows=-1 must be an integer >= 0"),
+        ({"copy_fraction": 1.5}, "copy_fraction=1.5 must be a number in [0, 1]"),
+        ({"copy_fraction": math.nan}, "copy_fraction=nan must be a number in [0, 1]"),
+    ],
+)
+def test_seed_protocol_and_probe_settings_are_checked(kw, message):
+    with pytest.raises(LabError, match=re.escape(message)):
+        Settings(**kw)
+
+
+def test_protocols_keep_their_canonical_order_and_seeds_reach_the_training_config():
+    assert Settings(protocols=("past", "windows", "past")).protocols == ("windows", "past")
+    s = Settings(seed=3, seeds=4, copy_fraction=0.25)
+    assert s.train_config().seed == 3 and s.train_config(5).seed == 5
+    assert s.train_config().copy_fraction == 0.25
+    standard = PRESETS["standard"]
+    assert standard.steps > PRESETS["quick"].steps  # longer training, everything else as quick
+    same = {k: v for k, v in standard.to_json().items() if k not in ("steps", "ckpt_every")}
+    assert same == {k: v for k, v in PRESETS["quick"].to_json().items() if k not in ("steps", "ckpt_every")}

@@ -16,6 +16,8 @@ from posenc.lab.data import (
     is_validation_file,
     list_files,
     load_corpus,
+    repeat_rows,
+    sliding_windows,
     windows,
 )
 from posenc.lab.errors import CorpusError
@@ -155,3 +157,46 @@ def test_encode_decode_round_trip():
     text = "déf f(x):\n    return x  # ü"
     assert decode(encode(text)) == text
     assert len(encode(text)) == len(text.encode("utf-8"))
+
+
+def test_sliding_windows_score_every_token_after_start_once_with_enough_context():
+    tokens = (np.arange(500) % 251).astype(np.uint8)
+    length, stride, start = 24, 8, 40
+    w = sliding_windows(tokens, length, stride, n_scored=64, start=start)
+    assert w.shape == (8, length + 1)
+    scored = []
+    for j, row in enumerate(w.tolist()):
+        first = start + (j + 1) * stride - length  # the window's first token
+        assert row == tokens[first : first + length + 1].tolist()
+        targets = list(range(first + 1, first + length + 1))[-stride:]
+        assert targets[0] - first >= length - stride + 1  # context of the first scored token
+        scored += targets
+    assert scored == list(range(start + 1, start + 65))
+    assert sliding_windows(tokens, length, stride, n_scored=10_000, start=start).shape[0] == (499 - 40) // 8
+    with pytest.raises(CorpusError, match="start=10 must be >= length=24"):
+        sliding_windows(tokens, length, stride, 64, start=10)
+    with pytest.raises(CorpusError, match="needs 549 tokens; the split has 500"):
+        sliding_windows(tokens, length, stride, 64, start=540)
+
+
+def test_repeat_rows_repeat_the_first_half():
+    rows = torch.arange(14).view(2, 7)
+    assert repeat_rows(rows).tolist() == [[0, 1, 2, 3, 0, 1, 2], [7, 8, 9, 10, 7, 8, 9]]
+    assert repeat_rows(torch.arange(6).view(1, 6)).tolist() == [[0, 1, 2, 0, 1, 2]]
+
+
+def test_copy_fraction_makes_that_share_of_rows_repeat_and_zero_changes_nothing():
+    tokens = (np.arange(20_000) * 7919 % 256).astype(np.uint8)
+    plain = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1)
+    zero = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.0)
+    assert all(torch.equal(a, b) for a, b in zip(plain, zero, strict=True))
+    x, y = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.5)
+    window = torch.cat((x, y[:, -1:]), dim=1)  # the 17 tokens of each row
+    repeated = (window[:, 9:] == window[:, :8]).all(dim=1)
+    assert torch.equal(window[~repeated], torch.cat((plain[0], plain[1][:, -1:]), 1)[~repeated])
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert 16 <= int(repeated.sum()) <= 48  # about half of 64
+    again = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.5)
+    assert torch.equal(again[0], x)  # a pure function of (seed, step)
+    x1, _ = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=1.0)
+    assert torch.equal(x1[:, 9:], x1[:, :7])

@@ -10,7 +10,15 @@ import torch
 from posenc.lab.config import GPTConfig
 from posenc.lab.data import decode
 from posenc.lab.errors import LabError
-from posenc.lab.evaluate import Row, evaluate, passkey_accuracy, passkey_prompt, perplexities
+from posenc.lab.evaluate import (
+    Row,
+    evaluate,
+    passkey_accuracy,
+    passkey_hits,
+    passkey_min_length,
+    passkey_prompt,
+    perplexities,
+)
 from posenc.lab.model import GPT
 
 VAL = (np.arange(3000) * 7919 % 256).astype(np.uint8)
@@ -73,7 +81,9 @@ def test_pi_row_equals_a_model_built_with_pi():
 
 def test_non_rope_models_get_only_their_own_row_and_extensions_need_rope():
     assert [r.scheme for r in evaluate(tiny("alibi"), VAL, [8], train_len=8, max_tokens=64)] == ["alibi"]
-    with pytest.raises(LabError, match="needs a rope model"):
+    with pytest.raises(
+        LabError, match=r"extension=.pi. applies to the schemes \[.rope.\]; this model is .alibi."
+    ):
         perplexities(tiny("alibi"), VAL, [8], train_len=8, extension="pi")
     with pytest.raises(LabError, match="extension='longer' is not known"):
         perplexities(tiny("rope"), VAL, [16], train_len=8, extension="longer")
@@ -112,14 +122,68 @@ def test_passkey_accuracy_counts_exact_matches():
 def test_row_to_dict_is_the_json_row_of_eval_and_compare():
     row = Row("rope+pi", ppl={8: 2.0, 16: None}, ppl_past={8: None, 16: None}, note="why")
     d = row.to_dict()
-    assert list(d) == ["scheme", "ppl", "ppl_past", "note"]
+    assert list(d) == [
+        "scheme",
+        "ppl",
+        "ppl_past",
+        "ppl_sliding",
+        "gain",
+        "copy_first",
+        "copy_repeat",
+        "note",
+    ]
     assert d == {
         "scheme": "rope+pi",
         "ppl": {"8": 2.0, "16": None},
         "ppl_past": {"8": None, "16": None},
+        "ppl_sliding": {},
+        "gain": {},
+        "copy_first": {},
+        "copy_repeat": {},
         "note": "why",
     }
     assert json.loads(json.dumps(d)) == d
+
+
+def sliding_by_hand(model, tokens, length, stride, n_scored, start):
+    """exp(mean NLL) of the tokens start+1 .. start+n_scored, each predicted by one forward pass over the
+    ``length`` tokens ending where its stride block ends, one window at a time, in float64."""
+    total, count = 0.0, 0
+    for block in range(n_scored // stride):
+        end = start + (block + 1) * stride  # the last target of this block
+        seq = torch.tensor(tokens[end - length : end + 1].astype(np.int64))[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(model(seq[:, :-1]).double(), -1)[0]
+        for target in range(end - stride + 1, end + 1):
+            t = target - (end - length) - 1  # the input position that predicts it
+            total -= logp[t, int(tokens[target])].item()
+            count += 1
+    assert count == n_scored
+    return math.exp(total / count)
+
+
+@pytest.mark.parametrize("encoding", ["alibi", "rope"])
+def test_sliding_protocol_matches_a_by_hand_computation(encoding):
+    m = tiny(encoding)
+    row = perplexities(
+        m, VAL, [8, 16, 32], train_len=8, max_tokens=256, protocols=("sliding",), sliding_tokens=64
+    )
+    for length in (8, 16, 32):
+        # every length scores the tokens after the longest one, 32
+        assert row.ppl_sliding[length] == pytest.approx(sliding_by_hand(m, VAL, length, 8, 64, 32), rel=1e-6)
+    assert row.ppl_past == {} and set(row.ppl) == {8, 16, 32}  # windows is always measured
+
+
+def test_probes_are_measured_per_length_and_na_where_the_model_cannot_go():
+    m = tiny("rope")
+    row = perplexities(m, VAL, [8, 16], train_len=8, max_tokens=256, probe_windows=3)
+    assert row.gain[8] is None and row.gain[16] > 0
+    assert set(row.copy_first) == set(row.copy_repeat) == {8, 16}
+    learned = perplexities(tiny("learned"), VAL, [8, 16], train_len=8, max_tokens=256, probe_windows=3)
+    assert learned.copy_first[8] is not None and learned.copy_first[16] is None
+    assert learned.gain == {8: None, 16: None}
+    none = perplexities(m, VAL, [8, 16], train_len=8, max_tokens=256, probe_windows=0)
+    assert none.gain == {} and none.copy_first == {}
 
 
 def test_passkey_with_an_extension_leaves_the_model_as_it_was():
@@ -127,5 +191,33 @@ def test_passkey_with_an_extension_leaves_the_model_as_it_was():
     original = m.rotary
     acc = passkey_accuracy(m, [110], trials=1, extension="yarn")
     assert set(acc) == {110} and m.rotary is original
-    with pytest.raises(LabError, match="needs a rope model"):
+    with pytest.raises(
+        LabError, match=r"extension=.pi. applies to the schemes \[.rope.\]; this model is .alibi."
+    ):
         passkey_accuracy(tiny("alibi"), [110], trials=1, extension="pi")
+
+
+def test_code_passkey_with_corpus_filler_fits_inside_a_short_training_length():
+    class Oracle(GPT):
+        """Answers with the digits after the last 'PASSKEY = "' of the prompt."""
+
+        def generate(self, prompt, n, **kw):
+            text = decode(prompt[0].tolist())
+            key = text.rsplit('PASSKEY = "', 1)[1][:n]
+            return torch.cat([prompt, torch.tensor([[ord(c) for c in key]])], dim=1)
+
+    assert (
+        passkey_min_length(3, "code") == len('\nPASSKEY = "123"\n') + len('\nassert PASSKEY == "') + 3 == 40
+    )
+    filler = np.frombuffer(b"x = 1\n" * 100, dtype=np.uint8)
+    ids, key = passkey_prompt(61, "123", 0.0, style="code", filler=filler[10:])
+    assert len(ids) == 61 and decode(ids).startswith('\nPASSKEY = "123"\n')
+    assert decode(ids).endswith('\nassert PASSKEY == "') and "x = 1" in decode(ids)
+    torch.manual_seed(0)
+    oracle = Oracle(GPTConfig(encoding="none", n_layer=1, n_head=2, d_model=16, max_len=8))
+    hits = passkey_hits(oracle, [48, 64], trials=5, digits=3, style="code", filler=filler)
+    assert hits == {48: 5, 64: 5}
+    with pytest.raises(LabError, match="passkey filler has 30 tokens; length 48 needs more"):
+        passkey_hits(oracle, [48], trials=1, digits=3, style="code", filler=filler[:30])
+    with pytest.raises(LabError, match="passkey style='haiku' is not known; allowed: sentences, code"):
+        passkey_prompt(100, "1", 0.5, style="haiku")

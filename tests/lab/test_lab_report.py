@@ -1,9 +1,21 @@
 """posenc.lab.report: markdown tables, results.json / details.json / results.md, the extrapolation figure."""
 
 import json
+from dataclasses import replace
+
+import numpy as np
 
 from posenc.lab.config import PRESETS
-from posenc.lab.report import extrapolation_figure, markdown_table, past_table, ratio, write_reports
+from posenc.lab.report import (
+    copy_table,
+    extrapolation_figure,
+    gain_table,
+    markdown_table,
+    past_table,
+    ratio,
+    sliding_table,
+    write_reports,
+)
 
 PAYLOAD = {
     "train_len": 8,
@@ -39,7 +51,7 @@ def test_past_table_has_the_longer_lengths_only():
 
 def test_extrapolation_figure_draws_one_line_per_measured_scheme_and_the_training_length():
     fig = extrapolation_figure(PAYLOAD)
-    (ax,) = fig.axes
+    ax, gain = fig.axes
     assert ax.get_title() == "Length extrapolation: trained short, evaluated long"
     assert ax.get_xlabel() == "evaluation length (tokens)" and ax.get_ylabel() == "perplexity (bytes)"
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
@@ -55,10 +67,59 @@ def test_extrapolation_figure_draws_one_line_per_measured_scheme_and_the_trainin
     assert list(lines["learned"].get_xdata()) == [8]
     assert lines["rope"].get_linestyle() == "-" and lines["rope+yarn"].get_linestyle() == "--"
     assert list(lines["train length 8"].get_xdata()) == [8, 8]
+    assert not ax.collections  # one seed: no error bars
+    assert [line.get_label() for line in gain.get_lines()][-1].startswith("no gain")
+
+
+def test_the_figure_has_error_bars_of_one_sd_and_a_gain_panel():
+    payload = {
+        "train_len": 8,
+        "results": [
+            {
+                "scheme": "alibi",
+                "ppl": {"8": 3.0, "16": 2.9, "32": None},
+                "ppl_sd": {"8": 0.1, "16": 0.2, "32": None},
+                "gain": {"8": None, "16": 1.1, "32": 0.9},
+                "gain_sd": {"8": None, "16": 0.05, "32": 0.0},
+            }
+        ],
+    }
+    payload_axes = extrapolation_figure(payload).axes
+    ax, gain = payload_axes
+    (bars,) = ax.collections  # the vertical error bars, one segment per point
+    segments = np.array([seg for seg in bars.get_segments()])  # mean -/+ sd at each measured length
+    np.testing.assert_allclose(
+        segments, [[[8, 3.0 - 0.1], [8, 3.0 + 0.1]], [[16, 2.9 - 0.2], [16, 2.9 + 0.2]]]
+    )
+    (line,) = [ln for ln in gain.get_lines() if ln.get_label() == "alibi"]
+    assert list(line.get_xdata()) == [16, 32] and list(line.get_ydata()) == [1.1, 0.9]
+    assert len(payload_axes) == 2
+
+
+def test_cells_show_mean_and_sd_when_there_is_a_spread():
+    rows = [
+        {
+            "scheme": "rope",
+            "ppl": {"8": 3.0, "16": 4.5},
+            "ppl_sd": {"8": 0.125, "16": None},
+            "ppl_sliding": {"8": 2.0, "16": 2.25},
+            "ppl_sliding_sd": {"8": 0.5, "16": 0.25},
+            "gain": {"8": None, "16": 0.75},
+            "gain_sd": {"8": None, "16": 0.0125},
+            "copy_first": {"8": 5.0, "16": 6.0},
+            "copy_repeat": {"8": 4.0, "16": 3.0},
+            "note": None,
+        }
+    ]
+    assert "| rope | 3.00 ± 0.12 | 4.50 |" in markdown_table(rows, [8, 16], 8)
+    assert sliding_table(rows, [8, 16], 8).endswith("| rope | 2.00 ± 0.50 | 2.25 ± 0.25 |")
+    assert gain_table(rows, [8, 16], 8) == "| scheme | gain@16 (2x) |\n|---|---:|\n| rope | 0.750 ± 0.013 |"
+    assert gain_table(rows, [8], 8) == ""
+    assert copy_table(rows, [8, 16], 8).splitlines()[-1] == "| rope | 5.00 | 4.00 | 6.00 | 3.00 |"
 
 
 def test_write_reports_writes_the_four_files(tmp_path):
-    s = PRESETS["tiny"]
+    s = replace(PRESETS["tiny"], protocols=("windows", "past"), probe_windows=0)
     rows = [
         {
             "scheme": "alibi",
@@ -69,18 +130,35 @@ def test_write_reports_writes_the_four_files(tmp_path):
             "eval_s": 0.5,
         }
     ]
-    table = write_reports(tmp_path, s, rows, corpus="/c", device="cpu", wall_s=12.34)
+    prov = {"posenc": "x"}
+    table = write_reports(tmp_path, s, rows, corpus="/c", device="cpu", wall_s=12.34, provenance=prov)
+    none3 = {"16": None, "32": None, "64": None}
     assert json.loads((tmp_path / "results.json").read_text()) == {
         "train_len": 16,
         "eval_lens": [16, 32, 64],
         "corpus": "/c",
-        "results": [{"scheme": "alibi", "ppl": {"16": 3.0, "32": 2.9, "64": 2.8}, "note": None}],
+        "seeds": 1,
+        "protocols": ["windows", "past"],
+        "provenance": prov,
+        "results": [
+            {
+                "scheme": "alibi",
+                "seeds": 1,
+                "ppl": {"16": 3.0, "32": 2.9, "64": 2.8},
+                "ppl_sd": none3,
+                "ppl_past": {"16": None, "32": 2.7, "64": 2.6},
+                "ppl_past_sd": none3,
+                "note": None,
+            }
+        ],
     }
     details = json.loads((tmp_path / "details.json").read_text())
     assert details == {"settings": s.to_json(), "device": "cpu", "wall_s": 12.3, "rows": rows}
     assert "| alibi | 3.00 | 2.90 | 2.80 | 0.933 |  |" in table
     md = (tmp_path / "results.md").read_text()
     assert table in md and "Wall time 12 s on cpu." in md and "| alibi | 2.70 | 2.60 |" in md
+    assert "Protocol `windows`" in md and "Protocol `past`" in md
+    assert "Protocol `sliding`" not in md and "Far-context gain" not in md and "Copy probe" not in md
     assert (tmp_path / "extrapolation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "details.json",

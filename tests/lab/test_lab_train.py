@@ -175,3 +175,18 @@ def test_bad_train_settings_are_clear_errors():
         TrainConfig(lr=-1.0)
     with pytest.raises(LabError, match="ckpt_every"):
         train(MODEL, OPT, "/nonexistent", ckpt_every=0)
+
+
+def test_copy_fraction_changes_the_batches_and_is_part_of_the_run_state(corpus, tmp_path):
+    from dataclasses import replace
+
+    copying = replace(OPT, copy_fraction=1.0)
+    a = train(MODEL, OPT, tmp_path / "a", corpus=corpus, progress=False)
+    b = train(MODEL, copying, tmp_path / "b", corpus=corpus, progress=False, stop_after=3)
+    assert not torch.equal(a.model.tok.weight, b.model.tok.weight)
+    with pytest.raises(CheckpointError, match="train.copy_fraction: checkpoint has 1.0, requested None"):
+        train(MODEL, OPT, tmp_path / "b", corpus=corpus, progress=False, resume=True)
+    # a run without copies records no copy_fraction, so checkpoints from before the field still resume
+    state = read_checkpoint(latest_checkpoint(tmp_path / "a"))[1]
+    assert "copy_fraction" not in state["train"]
+    assert train(MODEL, copying, tmp_path / "b", corpus=corpus, progress=False, resume=True).step == OPT.steps

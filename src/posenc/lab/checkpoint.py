@@ -207,7 +207,10 @@ def is_complete(out_dir: str | os.PathLike, steps: int) -> bool:
 
 def run_state(model_cfg: GPTConfig, train_cfg: TrainConfig, corpus: str) -> dict:
     """What a checkpoint must match to be resumed: model, optimisation and data."""
-    return {"model": model_cfg.to_dict(), "train": asdict(train_cfg), "corpus": corpus}
+    train = asdict(train_cfg)
+    if not train["copy_fraction"]:
+        del train["copy_fraction"]  # the default: checkpoints written before the field existed still match
+    return {"model": model_cfg.to_dict(), "train": train, "corpus": corpus}
 
 
 def check_resumable(saved: dict, wanted: dict, path: Path) -> None:
@@ -218,10 +221,11 @@ def check_resumable(saved: dict, wanted: dict, path: Path) -> None:
         a, b = saved.get(section), wanted[section]
         if isinstance(b, dict):
             a = a or {}
+            keys = [*b, *(k for k in a if k not in b)]  # a setting only the checkpoint has counts too
             diffs += [
-                f"{section}.{k}: checkpoint has {a.get(k)!r}, requested {b[k]!r}"
-                for k in b
-                if a.get(k) != b[k]
+                f"{section}.{k}: checkpoint has {a.get(k)!r}, requested {b.get(k)!r}"
+                for k in keys
+                if a.get(k) != b.get(k)
             ]
         elif a != b:
             diffs.append(f"{section}: checkpoint has {a!r}, requested {b!r}")

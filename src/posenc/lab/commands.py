@@ -121,6 +121,7 @@ def cmd_train(args) -> int:
         seed=args.seed,
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
+        copy_fraction=args.copy_fraction,
     )
     first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one note rather than one per rank
     if args.resume and first_rank and latest_checkpoint(args.out) is None:
@@ -165,24 +166,35 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from posenc.cli import check_output_file
     from posenc.lab.checkpoint import load_model
-    from posenc.lab.config import check_choices
+    from posenc.lab.config import check_choices, check_int
     from posenc.lab.data import load_corpus
     from posenc.lab.evaluate import EXTENSIONS, check_passkey_lengths, evaluate
-    from posenc.lab.report import markdown_table, past_table
+    from posenc.lab.report import gain_table, markdown_table, past_table, sliding_table
 
     _check_paths(args)
     if args.json:
         check_output_file("--json", args.json)
+    check_int("probe_windows", args.probe_windows, minimum=0)
     if args.passkey_lens:
-        check_passkey_lengths(args.passkey_lens)
+        check_passkey_lengths(args.passkey_lens, args.passkey_digits, args.passkey_style)
     model, state = load_model(args.ckpt, args.device)
     train_len = model.cfg.max_len
     lens = args.lens or [train_len * m for m in (1, 2, 4, 8)]
     exts = tuple(args.extensions) if args.extensions is not None else tuple(EXTENSIONS)
     check_choices("extensions", exts, EXTENSIONS, empty_ok=True)
     corpus = args.corpus or state.get("corpus")
-    data = load_corpus(corpus, cache_dir=args.cache_dir, min_val_tokens=max(lens) + 1)
-    rows = evaluate(model, data.val, lens, train_len=train_len, max_tokens=args.eval_tokens, extensions=exts)
+    data = load_corpus(corpus, cache_dir=args.cache_dir, min_val_tokens=max(lens) + train_len + 1)
+    rows = evaluate(
+        model,
+        data.val,
+        lens,
+        train_len=train_len,
+        max_tokens=args.eval_tokens,
+        extensions=exts,
+        protocols=("windows", "sliding", "past"),
+        sliding_tokens=args.sliding_tokens,
+        probe_windows=args.probe_windows,
+    )
     dict_rows = [r.to_dict() for r in rows]
     report = {
         "checkpoint": str(args.ckpt),
@@ -191,11 +203,20 @@ def cmd_eval(args) -> int:
         "results": dict_rows,
     }
     print(markdown_table(dict_rows, sorted(lens), train_len))
-    past = past_table(dict_rows, sorted(lens), train_len)
-    if past:
-        print("\n" + past)
+    n, L = sorted(lens), train_len
+    gain = gain_table(dict_rows, n, L) if args.probe_windows else ""
+    for title, table in (
+        ("positions past the training length only", past_table(dict_rows, n, L)),
+        (
+            f"sliding protocol: stride {L}, the last {L} tokens of each window scored",
+            sliding_table(dict_rows, n, L),
+        ),
+        (f"far-context gain: ppl(last {L} tokens as context) / ppl(whole window)", gain),
+    ):
+        if table:
+            print(f"\n{title}:\n{table}")
     if args.passkey_lens:
-        report["passkey"] = _passkey(model, args, exts)
+        report["passkey"] = _passkey(model, args, exts, data.val)
     if args.json:
         path = Path(args.json).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,21 +224,51 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def _passkey(model, args, exts: tuple[str, ...]) -> dict:
-    """Passkey accuracy at ``--passkey-lens``, plain and (RoPE) with each extension; printed and returned."""
-    from posenc.lab.evaluate import passkey_accuracy
+def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
+    """Passkey accuracy at ``--passkey-lens`` with its 95% Wilson interval, plain and with each extension
+    that applies; printed and returned as ``{method: {"<len>": {"accuracy", "hits", "trials", "ci95"}}}``."""
+    from posenc.lab.encodings import extensions_for
+    from posenc.lab.evaluate import passkey_hits
+    from posenc.lab.stats import wilson_interval
 
-    methods = [None, *exts] if model.cfg.encoding == "rope" else [None]
-    acc = {
-        ext or "plain": passkey_accuracy(
-            model, args.passkey_lens, trials=args.passkey_trials, seed=args.seed, extension=ext
+    methods = [None, *extensions_for(model.cfg.encoding, exts)]
+    trials = args.passkey_trials
+    out = {}
+    for ext in methods:
+        hits = passkey_hits(
+            model,
+            args.passkey_lens,
+            trials=trials,
+            digits=args.passkey_digits,
+            seed=args.seed,
+            extension=ext,
+            style=args.passkey_style,
+            filler=val if args.passkey_filler == "corpus" else None,
         )
-        for ext in methods
-    }
-    print("\npasskey retrieval accuracy (greedy, exact match):")
-    for k, d in acc.items():
-        print(f"  {k:8s} " + "  ".join(f"@{n}: {'n/a' if v is None else f'{v:.2f}'}" for n, v in d.items()))
-    return {k: {str(n): v for n, v in d.items()} for k, d in acc.items()}
+        out[ext or "plain"] = {
+            str(n): None
+            if h is None
+            else {
+                "accuracy": h / trials,
+                "hits": h,
+                "trials": trials,
+                "ci95": list(wilson_interval(h, trials)),
+            }
+            for n, h in hits.items()
+        }
+    print(
+        f"\npasskey retrieval, {args.passkey_digits}-digit key, {args.passkey_style!r} prompt, "
+        f"{args.passkey_filler} filler (greedy, exact match; accuracy [95% Wilson interval] of {trials}):"
+    )
+    for k, d in out.items():
+        cells = [
+            f"@{n}: n/a"
+            if v is None
+            else f"@{n}: {v['accuracy']:.2f} [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]"
+            for n, v in d.items()
+        ]
+        print(f"  {k:8s} " + "  ".join(cells))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- sample
@@ -264,6 +315,9 @@ def cmd_compare(args) -> int:
         eval_mults=tuple(args.eval_mults) if args.eval_mults else None,
         schemes=tuple(args.schemes) if args.schemes is not None else None,  # "," is an empty list
         seed=args.seed,
+        seeds=args.seeds,
+        protocols=tuple(args.protocol) if args.protocol is not None else None,
+        copy_fraction=args.copy_fraction,
     )
     result = run_compare(
         args.out,
@@ -314,6 +368,12 @@ def _add_train(subparsers) -> None:
         "--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0 turns it off"
     )
     p.add_argument("--seed", type=int, default=0, help="initialisation and batch order")
+    p.add_argument(
+        "--copy-fraction",
+        type=float,
+        default=0.0,
+        help="share of training windows whose second half repeats the first, 0..1",
+    )
     p.add_argument("--n-layer", type=_positive_int, default=4, help="transformer blocks")
     # 8 heads: ALiBi's slopes 2^(-8h/H) were chosen for 8 (Press et al. 2021), and docs/lab.md uses 8.
     p.add_argument("--n-head", type=_positive_int, default=8, help="attention heads")
@@ -350,6 +410,32 @@ def _add_eval(subparsers) -> None:
     )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
     p.add_argument("--passkey-trials", type=_positive_int, default=8)
+    p.add_argument("--passkey-digits", type=_positive_int, default=3, help="digits of the hidden key")
+    p.add_argument(
+        "--passkey-style",
+        choices=["code", "sentences"],
+        default="code",
+        help="code: a Python assignment and assert (34 bytes besides the key), short enough to ask inside "
+        "the training length; sentences: Mohtashami & Jaggi's needle and question (87 bytes besides the key)",
+    )
+    p.add_argument(
+        "--passkey-filler",
+        choices=["corpus", "repeat"],
+        default="corpus",
+        help="corpus: filler drawn from the validation text (in distribution); repeat: repeated sentences",
+    )
+    p.add_argument(
+        "--sliding-tokens",
+        type=_positive_int,
+        default=2048,
+        help="tokens the sliding protocol scores per length",
+    )
+    p.add_argument(
+        "--probe-windows",
+        type=int,
+        default=48,
+        help="windows per length of the far-context-gain and copy probes; 0 skips them",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=cmd_eval)
@@ -382,7 +468,8 @@ def _add_compare(subparsers) -> None:
         "--preset",
         default="quick",
         choices=list(PRESETS),
-        help="quick: <10 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests",
+        help="quick: <10 min on 2 CPU cores; standard: longer training, in-distribution perplexities "
+        "close, <40 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests",
     )
     _data_args(p)
     p.add_argument(
@@ -404,6 +491,23 @@ def _add_compare(subparsers) -> None:
         "'all': every built-in, also t5,kerple,sandwich,fire; your own as package.module:function)",
     )
     p.add_argument("--seed", type=int, help="initialisation and batch order (default: the preset's, 0)")
+    p.add_argument(
+        "--seeds",
+        type=_positive_int,
+        help="models per scheme, seeds --seed, --seed + 1, ...: tables show mean ± sd (default: 1)",
+    )
+    p.add_argument(
+        "--protocol",
+        type=_str_list,
+        help="evaluation protocols to report, comma-separated: windows (non-overlapping windows), sliding "
+        "(stride = train length, last tokens scored), past (positions past the train length) "
+        "(default: all three)",
+    )
+    p.add_argument(
+        "--copy-fraction",
+        type=float,
+        help="share of training windows whose second half repeats the first, 0..1 (default: 0)",
+    )
     _compile_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_compare)

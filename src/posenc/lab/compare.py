@@ -8,18 +8,21 @@ context extensions (PI, NTK, YaRN) at factor = eval length / train length.
 This module schedules the work; :mod:`posenc.lab.config` defines the settings and presets,
 :mod:`posenc.lab.report` writes the files and :mod:`posenc.lab.progress` shows progress.
 
-Output in ``--out``:
-    results.json       {"train_len", "eval_lens", "corpus", "results": [{"scheme", "ppl", "note"}]}
-    results.md         the table (also printed), plus the loss on positions past the training length
-    details.json       per-scheme perplexity past the training length, settings, timings
-    extrapolation.png  perplexity vs evaluation length, log scale
-    models/<scheme>/   each model's checkpoints and eval.json: a killed compare resumes, skipping
+Output in ``--out`` (docs/lab.md has the schema):
+    results.json       {"train_len", "eval_lens", "corpus", "seeds", "protocols", "provenance", "results":
+                       [{"scheme", "seeds", "ppl", "ppl_sd", <each protocol and probe and its _sd>,
+                       "per_seed", "note"}]}
+    results.md         a table per protocol (the windows one also printed), far-context gain, copy probe
+    details.json       settings, timings, every row as measured
+    extrapolation.png  perplexity vs evaluation length (log scale, sd error bars), far-context gain
+    models/<scheme>/seed-<s>/   each model's checkpoints and eval rows: a killed compare resumes, skipping
                        finished work
 
-Tasks: one per scheme (train it, evaluate it), and one per RoPE extension (evaluate the trained RoPE
-model with it). They run in worker processes, one thread each on CPU and all schemes at once by
-default: these matrices are too small for one process to keep many cores busy, and a worker per
-model keeps every core working until the end. Results do not depend on --jobs.
+Tasks: one per (scheme, seed) (train it, evaluate it), and one per (scheme, seed, extension) that applies
+(evaluate that trained model with it). They run in worker processes, one thread each on CPU and all at
+once by default (up to 8): these matrices are too small for one process to keep many cores busy, and a
+worker per model keeps every core working until the end. Results do not depend on --jobs. The seeds'
+rows are combined into one per scheme (:func:`posenc.lab.stats.combine_seeds`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import multiprocessing as mp
 import os
 import queue
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -35,19 +39,29 @@ from pathlib import Path
 
 import torch
 
-from posenc.lab.checkpoint import is_complete, load_model, write_text_atomic
+from posenc.lab.checkpoint import (
+    check_resumable,
+    is_complete,
+    latest_checkpoint,
+    load_model,
+    run_state,
+    write_text_atomic,
+)
 from posenc.lab.config import Settings, check_int
 from posenc.lab.data import load_corpus
+from posenc.lab.encodings import extensions_for
 from posenc.lab.evaluate import perplexities
 from posenc.lab.progress import CompareProgress, InlineQueue
+from posenc.lab.provenance import provenance
 from posenc.lab.report import write_reports
 from posenc.lab.runtime import check_device
+from posenc.lab.stats import combine_seeds
 from posenc.lab.train import compile_backend, train
 
 __all__ = ["CompareResult", "run_compare"]
 
-# A task: (scheme, extension or None). Its result is one row of the report.
-Task = tuple[str, str | None]
+# A task: (scheme, seed, extension or None). Its result is one seed's row of the report.
+Task = tuple[str, int, str | None]
 
 
 # ---------------------------------------------------------------------------------------------- one task
@@ -59,6 +73,7 @@ def _worker_init(threads: int) -> None:
 
 def _run_task(
     scheme: str,
+    seed: int,
     s: Settings,
     out: str,
     corpus: str | None,
@@ -68,25 +83,33 @@ def _run_task(
     events,
     extension: str | None = None,
 ) -> dict:
-    """Train ``scheme`` (unless trained) and evaluate its row; with ``extension``, evaluate the trained
-    RoPE model with that eval-time extension instead. Returns the row; reports to ``events`` (``put``).
+    """Train ``scheme`` with ``seed`` (unless trained) and evaluate its row; with ``extension``, evaluate
+    that trained model with the eval-time extension instead. Returns the row (with its ``"seed"``);
+    reports to ``events`` (``put``).
 
-    Each row is saved under ``models/<scheme>/`` keyed by the settings and corpus, so a rerun skips it.
+    Each (scheme, seed) is its own run directory ``models/<scheme>/seed-<seed>/`` and each row is saved
+    there keyed by what it depends on (:func:`_row_key`), so a rerun, or one asking for more seeds,
+    skips what is done.
     """
-    run_dir = Path(out) / "models" / scheme
-    label = scheme + (f"+{extension}" if extension else "")
+    run_dir = Path(out) / "models" / _dir_name(scheme) / f"seed-{seed}"
+    label = _label(scheme + (f"+{extension}" if extension else ""), seed, s)
     eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
-    key = {"settings": s.to_json(), "corpus": corpus}
+    key = _row_key(s, seed, corpus)
     saved = _saved_row(eval_path, key)
     if saved is not None:
         events.put(("done", label, "cached"))
         return saved
     data = load_corpus(corpus, cache_dir=cache_dir)
     t0 = time.perf_counter()
-    if extension is None and not is_complete(run_dir, s.steps):
+    if extension is None and is_complete(run_dir, s.steps):
+        # A finished model is reused only if it was trained with these settings (--lr, --copy-fraction...).
+        latest = latest_checkpoint(run_dir)
+        saved = json.loads((latest / "state.json").read_text())
+        check_resumable(saved, run_state(s.model_config(scheme), s.train_config(seed), data.path), latest)
+    elif extension is None:
         train(
             s.model_config(scheme),
-            s.train_config(),
+            s.train_config(seed),
             run_dir,
             corpus=data,
             resume=True,
@@ -94,7 +117,7 @@ def _run_task(
             device=device,
             progress=False,
             compile=compile,
-            callback=lambda step, loss, tps: events.put(("step", scheme, step, loss, tps)),
+            callback=lambda step, loss, tps: events.put(("step", label, step, loss, tps)),
         )
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, device)
@@ -108,11 +131,36 @@ def _run_task(
         max_tokens=s.eval_tokens,
         extension=extension,
         progress=lambda what: events.put(("eval", label, what.split(" @ ")[-1])),
+        protocols=s.protocols,
+        sliding_tokens=s.sliding_tokens,
+        probe_windows=s.probe_windows,
     )
-    row = {**r.to_dict(), "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - t1, 1)}
+    row = {
+        **r.to_dict(),
+        "seed": seed,
+        "train_s": round(train_s, 1),
+        "eval_s": round(time.perf_counter() - t1, 1),
+    }
     write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
     events.put(("done", label, None))
     return row
+
+
+def _dir_name(scheme: str) -> str:
+    """A folder name for ``scheme``: a user's ``path/to/file.py:fn`` would otherwise leave ``--out``."""
+    return re.sub(r"[^A-Za-z0-9_.:+-]", "_", scheme)
+
+
+def _label(name: str, seed: int, s: Settings) -> str:
+    """What the progress display calls a task: the row's name, and its seed when there are several."""
+    return name if s.seeds == 1 else f"{name}/s{seed}"
+
+
+def _row_key(s: Settings, seed: int, corpus: str | None) -> dict:
+    """What one seed's saved row depends on: every setting but the list of schemes, extensions and
+    seeds (a rerun with more schemes or seeds reuses the rows it has), with the row's own seed."""
+    settings = {k: v for k, v in s.to_json().items() if k not in ("schemes", "extensions", "seeds")}
+    return {"settings": {**settings, "seed": seed}, "corpus": corpus}
 
 
 def _saved_row(eval_path: Path, key: dict) -> dict | None:
@@ -134,8 +182,13 @@ def _task_order(settings: Settings) -> tuple[list[str], dict[str, list[str]]]:
     the rest instead of one after another at the end. Then ALiBi, the others by name, learned last.
     """
     order = sorted(settings.schemes, key=lambda s: (s != "rope", s != "alibi", s == "learned", s))
-    followups = {"rope": list(settings.extensions)} if "rope" in settings.schemes else {}
+    followups = {sc: extensions_for(sc, settings.extensions) for sc in settings.schemes}
     return order, followups
+
+
+def _seeds(settings: Settings) -> list[int]:
+    """The seeds of a comparison: ``seed`` .. ``seed + seeds - 1``, each a model per scheme."""
+    return [settings.seed + i for i in range(settings.seeds)]
 
 
 def _run_inline(order, followups, args: tuple, display: CompareProgress) -> dict[Task, dict]:
@@ -143,28 +196,35 @@ def _run_inline(order, followups, args: tuple, display: CompareProgress) -> dict
     sink = InlineQueue(display.handle)
     rows = {}
     for scheme in order:
-        for ext in [None, *followups.get(scheme, [])]:
-            rows[scheme, ext] = _run_task(scheme, *args, sink, ext)
+        for seed in _seeds(args[0]):
+            for ext in [None, *followups.get(scheme, [])]:
+                rows[scheme, seed, ext] = _run_task(scheme, seed, *args, sink, ext)
     return rows
 
 
 def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -> dict[Task, dict]:
-    """Every task in ``jobs`` worker processes of ``threads`` torch threads; a scheme's follow-up tasks are
-    submitted as soon as it finishes. A worker's exception is re-raised here."""
+    """Every task in ``jobs`` worker processes of ``threads`` torch threads; each (scheme, seed) is a task
+    of its own, and its follow-up tasks are submitted as soon as it finishes. A worker's exception is
+    re-raised here."""
     ctx = mp.get_context("spawn")
     rows = {}
     with ctx.Manager() as manager:
         events = manager.Queue()
         with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
-            tasks = {pool.submit(_run_task, sc, *args, events): (sc, None) for sc in order}
+            tasks = {
+                pool.submit(_run_task, sc, seed, *args, events): (sc, seed, None)
+                for sc in order
+                for seed in _seeds(args[0])
+            }
             while tasks:
                 _show_events(events, display, wait=0.5, most=1)
                 for f in [f for f in tasks if f.done()]:
-                    scheme, ext = tasks.pop(f)
-                    rows[scheme, ext] = f.result()
+                    scheme, seed, ext = tasks.pop(f)
+                    rows[scheme, seed, ext] = f.result()
                     if ext is None:
                         for follow in followups.get(scheme, []):
-                            tasks[pool.submit(_run_task, scheme, *args, events, follow)] = (scheme, follow)
+                            task = pool.submit(_run_task, scheme, seed, *args, events, follow)
+                            tasks[task] = (scheme, seed, follow)
         _show_events(events, display)
     return rows
 
@@ -192,12 +252,19 @@ class CompareResult:
     table: str = field(default="")
 
 
+def _val_tokens_needed(s: Settings) -> int:
+    """Validation tokens the protocols need: the longest window, and for the sliding protocol at least one
+    stride after it (it scores the tokens after the longest length, so that every length scores them)."""
+    longest = max(s.eval_lens)
+    return longest + (s.train_len if "sliding" in s.protocols else 0) + 1
+
+
 def _workers(jobs: int | None, device: str, settings: Settings) -> tuple[int, int]:
     """Worker processes and torch threads per worker."""
     if jobs is None:
         # On CPU all schemes train at once, one thread each: the cores are shared fairly and no core
         # idles at the end waiting for a last model (5 models on 2 workers would leave one alone).
-        jobs = 1 if device != "cpu" else max(1, min(len(settings.schemes), 8))
+        jobs = 1 if device != "cpu" else max(1, min(len(settings.schemes) * settings.seeds, 8))
     check_int("jobs", jobs)
     threads = max(1, (os.cpu_count() or 1) // jobs) if device == "cpu" else torch.get_num_threads()
     return jobs, threads
@@ -229,11 +296,13 @@ def run_compare(
         corpus,
         cache_dir=cache_dir,
         min_train_tokens=settings.train_len * settings.batch_size + 2,
-        min_val_tokens=max(settings.eval_lens) + 1,
+        min_val_tokens=_val_tokens_needed(settings),
     )
+    record = provenance(settings.to_json(), data, device)
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
-    display = CompareProgress(settings.steps * len(order), order, enabled=progress)
+    labels = [_label(sc, seed, settings) for sc in order for seed in _seeds(settings)]
+    display = CompareProgress(settings.steps * len(labels), labels, enabled=progress)
     args = (settings, str(out), corpus, cache_dir, device, compile)
     if jobs == 1:
         rows = _run_inline(order, followups, args, display)
@@ -241,8 +310,14 @@ def run_compare(
         rows = _run_pool(order, followups, args, display, jobs, threads)
     display.close()
 
-    ordered = [rows[sc, ext] for sc in settings.schemes for ext in [None, *followups.get(sc, [])]]
+    ordered = [
+        combine_seeds([rows[sc, seed, ext] for seed in _seeds(settings)])
+        for sc in settings.schemes
+        for ext in [None, *followups.get(sc, [])]
+    ]
     wall = time.perf_counter() - t0
     corpus_path = str(Path(data.path).resolve())
-    table = write_reports(out, settings, ordered, corpus=corpus_path, device=device, wall_s=wall)
+    table = write_reports(
+        out, settings, ordered, corpus=corpus_path, device=device, wall_s=wall, provenance=record
+    )
     return CompareResult(settings=settings, rows=ordered, wall_s=wall, out=out, table=table)

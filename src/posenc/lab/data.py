@@ -219,13 +219,23 @@ def load_corpus(
 
 
 def batch_at(
-    tokens: np.ndarray, step: int, *, batch_size: int, seq_len: int, seed: int
+    tokens: np.ndarray,
+    step: int,
+    *,
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+    copy_fraction: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted.
 
     Window starts are drawn from a generator seeded by ``(seed, step)`` alone, so a run resumed at
     step s sees exactly the batches an uninterrupted run would, with no sampler state to save, and
     every DDP rank draws the same global batch (each then trains on its own rows of it).
+
+    ``copy_fraction``: each row is, with this probability, a repeated segment (:func:`repeat_rows`): its
+    first ``ceil((seq_len + 1) / 2)`` tokens again after themselves, a task only attention to far
+    tokens can solve. The draws come after the starts, so 0 gives exactly the batches of before.
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
@@ -237,7 +247,38 @@ def batch_at(
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    if copy_fraction > 0:
+        copies = torch.rand(batch_size, generator=gen) < copy_fraction
+        window[copies] = repeat_rows(window[copies])
     return window[:, :-1], window[:, 1:]
+
+
+def repeat_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Rows ``(n, T)`` whose first ``ceil(T / 2)`` tokens are repeated to fill them: ``s + s``, cut to T."""
+    half = (rows.shape[1] + 1) // 2
+    return torch.cat((rows[:, :half], rows[:, :half]), dim=1)[:, : rows.shape[1]]
+
+
+def sliding_windows(tokens: np.ndarray, length: int, stride: int, n_scored: int, start: int) -> torch.Tensor:
+    """Overlapping evaluation windows ``(n, length + 1)`` whose last ``stride`` targets tile the text.
+
+    Window j ends at token ``start + (j + 1) * stride`` (its last target) and begins ``length`` tokens
+    earlier; scoring only its last ``stride`` targets scores every token of ``[start + 1, start + n *
+    stride]`` once, each with at least ``length - stride + 1`` tokens of context (the ALiBi paper's
+    sliding-window evaluation, Press et al. 2021, appendix). ``start >= length`` lets every length score
+    the same tokens. ``n = n_scored // stride`` windows, fewer when the split is too short.
+    """
+    if start < length:
+        raise CorpusError(f"sliding windows: start={start} must be >= length={length}")
+    n = min(max(1, n_scored // stride), (len(tokens) - 1 - start) // stride)
+    if n < 1:
+        raise CorpusError(
+            f"sliding evaluation at length {length} needs {start + stride + 1} tokens; the split has "
+            f"{len(tokens)}"
+        )
+    ends = start + (np.arange(n) + 1) * stride
+    idx = (ends - length)[:, None] + np.arange(length + 1)[None, :]
+    return torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
 
 
 def windows(tokens: np.ndarray, length: int, max_tokens: int) -> torch.Tensor:

@@ -1,12 +1,18 @@
-"""Train-short-test-long evaluation: perplexity at several lengths, RoPE eval-time extensions, passkey.
+"""Train-short-test-long evaluation: perplexity at several lengths under three protocols, the probes of
+:mod:`posenc.lab.probes`, eval-time extensions, passkey retrieval.
 
-Protocol (Press et al. 2021, "Train Short, Test Long", section 4): the validation tokens are cut into
-*non-overlapping* windows of the evaluation length T, the model reads each window from position 0,
-and perplexity is exp(mean next-byte cross-entropy) over every token of every window. Every T
-covers the same first ``max_tokens`` validation tokens, so lengths are compared on the same text.
-A longer window gives later tokens more context, which lowers perplexity for a scheme that
-extrapolates; a scheme that does not extrapolate gets worse instead. ``ppl_past`` is the same
-measure restricted to positions at or past the training length, where only extrapolation helps.
+Protocols (docs/lab.md says which published table used which):
+
+- ``windows`` (Press et al. 2021, "Train Short, Test Long", section 4): the validation tokens are cut
+  into *non-overlapping* windows of the evaluation length T, the model reads each window from
+  position 0, and perplexity is exp(mean next-byte cross-entropy) over every token of every window.
+  Every T covers the same first ``max_tokens`` validation tokens. Most tokens sit early in their
+  window, so this mixes short and long contexts; positions past the training length L weigh 1 - L/T.
+- ``past``: the windows protocol restricted to positions at or past L, where only extrapolation helps.
+- ``sliding`` (Press et al. 2021, appendix, "sliding window evaluation"; DAPE's "last tokens" figures):
+  windows of length T advance by stride L and only their last L tokens are scored, so every scored
+  token has between T - L + 1 and T tokens of context. Every T scores the same tokens. It costs T / L
+  times the windows protocol per scored token, hence its own, smaller token count.
 
 RoPE eval-time extensions use factor = T / L_train (no extension at T <= L_train, where every method
 reduces to plain RoPE): position interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595), NTK-aware
@@ -15,8 +21,10 @@ base scaling (bloc97 2023), dynamic NTK (emozilla 2023) and YaRN (Peng et al. 20
 
 from __future__ import annotations
 
+import functools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,17 +32,22 @@ import torch
 import torch.nn.functional as F
 
 import posenc
-from posenc.lab.config import check_lengths
-from posenc.lab.data import decode, encode, windows
-from posenc.lab.encodings import EXTENSIONS
+from posenc.lab.config import check_choice, check_int, check_lengths
+from posenc.lab.data import decode, encode, sliding_windows, windows
+from posenc.lab.encodings import EXTENSIONS, extensions_for
 from posenc.lab.errors import LabError
-from posenc.lab.model import GPT, rope_extension
+from posenc.lab.model import GPT, eval_extension
+from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
 
 __all__ = [
     "EXTENSIONS",
+    "METRICS",
     "Row",
     "evaluate",
+    "PASSKEY_FILLERS",
+    "PASSKEY_STYLES",
     "passkey_accuracy",
+    "passkey_hits",
     "passkey_prompt",
     "perplexities",
     "position_losses",
@@ -59,23 +72,38 @@ def position_losses(model: GPT, data: torch.Tensor, *, tokens_per_batch: int = 1
     return torch.cat(out)
 
 
+# The copy probe runs at evaluation lengths up to this multiple of the training length.
+COPY_PROBE_MAX_MULT = 2
+# Row fields holding a value per length, in the order results.json lists them.
+METRICS = ("ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat")
+
+
 @dataclass
 class Row:
-    """One line of the results table: a scheme's perplexity at each length (None: not measurable)."""
+    """One line of the results table: a scheme's measures at each length (None: not measurable).
+
+    ``ppl``: the windows protocol; ``ppl_past``: its positions at or past the training length;
+    ``ppl_sliding``: the sliding protocol (:mod:`posenc.lab.evaluate`'s docstring); ``gain``: far-context
+    gain; ``copy_first`` / ``copy_repeat``: the copy probe (:mod:`posenc.lab.probes`). A protocol that was
+    not run leaves its dict empty.
+    """
 
     scheme: str
     ppl: dict[int, float | None] = field(default_factory=dict)
     ppl_past: dict[int, float | None] = field(default_factory=dict)
+    ppl_sliding: dict[int, float | None] = field(default_factory=dict)
+    gain: dict[int, float | None] = field(default_factory=dict)
+    copy_first: dict[int, float | None] = field(default_factory=dict)
+    copy_repeat: dict[int, float | None] = field(default_factory=dict)
     note: str | None = None
 
     def to_dict(self) -> dict:
-        """The row as JSON: ``{"scheme", "ppl", "ppl_past", "note"}`` with lengths as string keys."""
-        return {
-            "scheme": self.scheme,
-            "ppl": {str(k): v for k, v in self.ppl.items()},
-            "ppl_past": {str(k): v for k, v in self.ppl_past.items()},
-            "note": self.note,
-        }
+        """The row as JSON: ``{"scheme", <each of METRICS>, "note"}`` with lengths as string keys."""
+        out: dict = {"scheme": self.scheme}
+        for name in METRICS:
+            out[name] = {str(k): v for k, v in getattr(self, name).items()}
+        out["note"] = self.note
+        return out
 
 
 def perplexities(
@@ -87,31 +115,73 @@ def perplexities(
     max_tokens: int = 32768,
     extension: str | None = None,
     progress=None,
+    protocols: tuple[str, ...] = ("windows", "past"),
+    sliding_tokens: int = 2048,
+    probe_windows: int = 0,
+    probe_last: int = 32,
 ) -> Row:
-    """Perplexity of ``model`` at each length in ``eval_lens`` on non-overlapping validation windows.
+    """Perplexity of ``model`` at each length in ``eval_lens`` under each protocol, and the probes.
 
     Args:
         val: validation tokens (1-D uint8).
-        train_len: the length the model was trained at (positions >= it are "past").
-        extension: a RoPE eval-time extension name from :data:`EXTENSIONS`, or None.
+        train_len: the length the model was trained at (positions >= it are "past"; the sliding stride).
+        extension: an eval-time extension name from :data:`EXTENSIONS`, or None.
         progress: optional callable(str) told about each length as it starts.
+        protocols: which of "windows", "past", "sliding" to measure. The windows protocol's losses are
+            always computed (past and the gain probe reuse them), so "ppl" is always filled.
+        sliding_tokens: tokens the sliding protocol scores per length (the same tokens at every length:
+            those after the first ``max(eval_lens)``).
+        probe_windows: windows per length for the far-context gain and copy probes; 0 skips them.
+        probe_last: how many last tokens of each window the gain probe scores.
     """
     eval_lens = check_lengths("eval_lens", eval_lens)
     row = Row(scheme=model.cfg.encoding + (f"+{extension}" if extension else ""))
+    run = functools.partial(position_losses, model)
     for length in eval_lens:
-        with rope_extension(model, extension, length / train_len, train_len):
+        with eval_extension(model, extension, length / train_len, train_len):
             if progress is not None:
                 progress(f"{row.scheme} @ {length}")
             try:
-                losses = position_losses(model, windows(val, length, max_tokens))
+                losses = run(windows(val, length, max_tokens))
+                _protocols(
+                    row, run, losses, val, length, train_len, protocols, sliding_tokens, max(eval_lens)
+                )
+                if probe_windows:
+                    _probes(row, run, losses, val, length, train_len, probe_windows, probe_last)
             except posenc.PositionError as e:
-                row.ppl[length] = row.ppl_past[length] = None
+                for name in METRICS:
+                    getattr(row, name).setdefault(length, None)
                 if row.note is None:  # the first failing length names the first missing position
                     row.note = f"n/a past {train_len} tokens: {e}"
-                continue
-        row.ppl[length] = math.exp(losses.mean().item())
-        row.ppl_past[length] = math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
+    for name in METRICS:  # the dicts in length order, whatever order they were filled in
+        setattr(row, name, {n: getattr(row, name)[n] for n in eval_lens if n in getattr(row, name)})
     return row
+
+
+def _protocols(row: Row, run, losses, val, length, train_len, protocols, sliding_tokens, longest) -> None:
+    """Fill ``row``'s protocols at ``length`` from the windows protocol's ``losses`` (N, length)."""
+    row.ppl[length] = math.exp(losses.mean().item())
+    if "past" in protocols:
+        row.ppl_past[length] = math.exp(losses[:, train_len:].mean().item()) if length > train_len else None
+    if "sliding" in protocols:
+        sliding = run(sliding_windows(val, length, train_len, sliding_tokens, start=longest))
+        row.ppl_sliding[length] = math.exp(sliding[:, -train_len:].mean().item())
+
+
+def _probes(row: Row, run, losses, val, length, train_len, n_windows, last) -> None:
+    """Fill ``row``'s probes at ``length`` from ``n_windows`` windows.
+
+    The gain probe's full-context run is the windows protocol's (``losses``, the same first windows), so
+    it costs only the short run; where that protocol has fewer windows (long lengths), it uses those.
+    The copy probe runs at lengths up to twice the training length only: within L is what it asks
+    (can the model copy at all?), and at long lengths it would cost more than the windows protocol.
+    """
+    rows = probe_windows(val, length, min(n_windows, losses.shape[0]))
+    row.gain[length] = far_context_gain(run, rows, train_len, last=last, full_losses=losses)
+    if length <= COPY_PROBE_MAX_MULT * train_len:
+        row.copy_first[length], row.copy_repeat[length] = copy_probe(
+            run, probe_windows(val, length, n_windows)
+        )
 
 
 def evaluate(
@@ -123,9 +193,13 @@ def evaluate(
     max_tokens: int = 32768,
     extensions: tuple[str, ...] = tuple(EXTENSIONS),
     progress=None,
+    **measures,
 ) -> list[Row]:
-    """The model's own row, plus one row per RoPE extension when the model uses RoPE."""
-    methods = [None, *extensions] if model.cfg.encoding == "rope" else [None]
+    """The model's own row, plus one row per eval-time extension that applies to its scheme.
+
+    ``measures``: :func:`perplexities`' protocols, sliding_tokens, probe_windows, probe_last.
+    """
+    methods = [None, *extensions_for(model.cfg.encoding, extensions)]
     return [
         perplexities(
             model,
@@ -135,6 +209,7 @@ def evaluate(
             max_tokens=max_tokens,
             extension=ext,
             progress=progress,
+            **measures,
         )
         for ext in methods
     ]
@@ -144,52 +219,69 @@ def evaluate(
 
 _FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
+# Prompt styles: (needle with the key, the question whose continuation is the key).
+# "sentences": Mohtashami & Jaggi 2023 (landmark attention, arxiv.org/abs/2305.16300), 87 bytes of
+# needle and question around the key, more than the quick preset's whole training length.
+# "code": the same retrieval as a Python assignment and a later use of the name (34 bytes), so that a
+# model trained at 64 bytes on code can be asked inside its training length, with the corpus as filler.
+PASSKEY_STYLES: dict[str, tuple[str, str]] = {
+    "sentences": (
+        "The pass key is {key}. Remember it. {key} is the pass key. ",
+        "What is the pass key? The pass key is ",
+    ),
+    "code": ('\nPASSKEY = "{key}"\n', '\nassert PASSKEY == "'),
+}
+PASSKEY_FILLERS = ("repeat", "corpus")
 
-_QUESTION = "What is the pass key? The pass key is "
 
-
-def _needle(key: str) -> str:
-    return f"The pass key is {key}. Remember it. {key} is the pass key. "
-
-
-def passkey_min_length(digits: int = 5) -> int:
+def passkey_min_length(digits: int = 5, style: str = "sentences") -> int:
     """The shortest passkey length (bytes): the needle, the question and the ``digits`` answer bytes."""
-    return len(_needle("0" * digits)) + len(_QUESTION) + digits
+    needle, question = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
+    return len(needle.format(key="0" * digits)) + len(question) + digits
 
 
-def check_passkey_lengths(lengths, digits: int = 5) -> list[int]:
+def check_passkey_lengths(lengths, digits: int = 5, style: str = "sentences") -> list[int]:
     """``lengths`` sorted, when each is a positive integer that fits a passkey prompt; else a LabError."""
+    check_int("passkey digits", digits)
     lengths = check_lengths("passkey lengths", lengths)
-    short = [n for n in lengths if n < passkey_min_length(digits)]
+    least = passkey_min_length(digits, style)
+    short = [n for n in lengths if n < least]
     if short:
         raise LabError(
-            f"passkey lengths {short} are too short: with a {digits}-digit key the prompt and the answer "
-            f"need at least {passkey_min_length(digits)} bytes"
+            f"passkey lengths {short} are too short: with a {digits}-digit key the {style!r} prompt and the "
+            f"answer need at least {least} bytes"
         )
     return lengths
 
 
-def passkey_prompt(length: int, key: str, depth: float) -> tuple[list[int], str]:
+def passkey_prompt(
+    length: int, key: str, depth: float, *, style: str = "sentences", filler: Sequence[int] | None = None
+) -> tuple[list[int], str]:
     """A prompt of exactly ``length`` bytes hiding ``key`` at relative ``depth`` (0 start, 1 end) of filler.
 
-    Format after Mohtashami & Jaggi 2023 (landmark attention, arxiv.org/abs/2305.16300): filler
-    sentences, "The pass key is K. Remember it. K is the pass key." somewhere inside, and the question
-    "What is the pass key? The pass key is " at the end; the answer is the next ``len(key)`` bytes.
+    Filler, the needle (``PASSKEY_STYLES[style]``, holding the key) somewhere inside, and the question at
+    the end; the answer is the next ``len(key)`` bytes. ``filler``: the filler's token ids (at least as
+    many as there is room for), e.g. a stretch of the validation text; default, repeated sentences.
     """
-    needle, question = _needle(key), _QUESTION
+    needle_text, question_text = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
+    needle, question = encode(needle_text.format(key=key)), encode(question_text)
     room = length - len(needle) - len(question)
     if room < 0:
         raise LabError(
             f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes"
         )
-    filler = (_FILLER * (room // len(_FILLER) + 1))[:room]
+    if filler is None:
+        fill = encode((_FILLER * (room // len(_FILLER) + 1))[:room])
+    else:
+        fill = [int(t) for t in filler[:room]]
+        if len(fill) < room:
+            raise LabError(f"passkey filler has {len(fill)} tokens; the prompt needs {room}")
     cut = int(round(depth * room))
-    text = filler[:cut] + needle + filler[cut:] + question
-    return encode(text), key
+    return fill[:cut] + needle + fill[cut:] + question, key
 
 
 @torch.no_grad()
-def passkey_accuracy(
+def passkey_hits(
     model: GPT,
     lengths: list[int],
     *,
@@ -197,27 +289,47 @@ def passkey_accuracy(
     digits: int = 5,
     seed: int = 0,
     extension: str | None = None,
-) -> dict[int, float | None]:
-    """Share of prompts at each length whose greedy continuation is exactly the hidden key (None: n/a).
+    style: str = "sentences",
+    filler: np.ndarray | None = None,
+) -> dict[int, int | None]:
+    """How many of ``trials`` prompts at each length the model answers with exactly the hidden key
+    (greedy decoding); None where the model cannot be run (a learned table past its length).
 
-    The prompt and the ``digits`` generated bytes together fill the length; with ``extension`` the
-    factor is length / the model's training length.
+    The prompt and the ``digits`` generated bytes together fill the length; the key's digits, its depth
+    and (with ``filler``, a token array such as the validation split) the filler's offset are drawn from
+    ``seed``. With ``extension`` the factor is length / the model's training length.
     """
-    lengths = check_passkey_lengths(lengths, digits)
+    lengths = check_passkey_lengths(lengths, digits, style)
     rng = random.Random(seed)
     device = next(model.parameters()).device
     train_len = model.cfg.max_len
-    result: dict[int, float | None] = {}
+    result: dict[int, int | None] = {}
     for length in lengths:
-        with rope_extension(model, extension, length / train_len, train_len):
+        with eval_extension(model, extension, length / train_len, train_len):
             hits = 0
             try:
                 for _ in range(trials):
                     key = "".join(rng.choice("0123456789") for _ in range(digits))
-                    ids, key = passkey_prompt(length - digits, key, rng.random())
+                    depth = rng.random()
+                    fill = None
+                    if filler is not None:
+                        if len(filler) < length:
+                            raise LabError(
+                                f"passkey filler has {len(filler)} tokens; length {length} needs more"
+                            )
+                        start = rng.randrange(len(filler) - length + 1)
+                        fill = filler[start : start + length]
+                    ids, key = passkey_prompt(length - digits, key, depth, style=style, filler=fill)
                     out = model.generate(torch.tensor([ids], device=device), digits, temperature=0)
                     hits += decode(out[0, len(ids) :].tolist()) == key
-                result[length] = hits / trials
+                result[length] = hits
             except posenc.PositionError:
                 result[length] = None
     return result
+
+
+def passkey_accuracy(model: GPT, lengths: list[int], *, trials: int = 8, **kw) -> dict[int, float | None]:
+    """Share of prompts at each length answered with exactly the hidden key (None: n/a); ``kw`` as
+    :func:`passkey_hits`."""
+    hits = passkey_hits(model, lengths, trials=trials, **kw)
+    return {n: None if h is None else h / trials for n, h in hits.items()}

@@ -6,8 +6,8 @@ Tasks report events, plain tuples because they cross process boundaries through 
     ("eval", label, what)                        evaluating ``label`` (what: the length, or None)
     ("done", label, how)                         ``label`` finished; how is "cached" when reused from disk
 
-``label`` is a scheme, or ``rope+X`` for an eval-time extension. The bar's postfix says what each
-running task is doing.
+``label`` is a scheme, or ``scheme+X`` for an eval-time extension, followed by ``/s<seed>`` when a
+comparison trains several seeds. The bar's postfix says what each running task is doing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """What a comparison writes: the markdown tables, results.json, details.json, results.md and the plot.
 
 Rows are the JSON form of :class:`posenc.lab.evaluate.Row` (:meth:`Row.to_dict`): ``{"scheme", "ppl",
-"ppl_past", "note"}`` with perplexities keyed by the length as a string, None where not measurable;
-``posenc compare`` adds its timings (``train_s``, ``eval_s``).
+"ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "note"}`` with values keyed by the length
+as a string, None where not measurable. ``posenc compare`` combines the seeds of each row
+(:func:`posenc.lab.stats.combine_seeds`: means, ``"<name>_sd"``, ``"seeds"``, ``"per_seed"``) and adds its
+timings (``train_s``, ``eval_s``). A table cell reads ``mean ± sd`` when there is a spread to show.
 """
 
 from __future__ import annotations
@@ -20,24 +22,46 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "copy_table",
     "extrapolation_figure",
+    "gain_table",
     "markdown_table",
     "past_table",
     "ratio",
     "results_payload",
     "save_figure",
+    "sliding_table",
     "write_reports",
 ]
 
+# The per-length measures results.json carries, each with its "_sd"; which protocol or probe needs each.
+_MEASURES = {
+    "ppl": None,
+    "ppl_past": "past",
+    "ppl_sliding": "sliding",
+    "gain": "probe",
+    "copy_first": "probe",
+    "copy_repeat": "probe",
+}
+
 
 def ratio(row: dict, num: int, den: int) -> float | None:
-    """ppl(num) / ppl(den) of a row, or None when either is missing."""
+    """ppl(num) / ppl(den) of a row (the means, for a multi-seed row), or None when either is missing."""
     a, b = row["ppl"].get(str(num)), row["ppl"].get(str(den))
     return a / b if a is not None and b is not None else None
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _cell(row: dict, name: str, n: int, digits: int = 2) -> str:
+    """``row[name]`` at length ``n``, with ``± sd`` when the row has a seed spread there."""
+    value = row.get(name, {}).get(str(n))
+    sd = row.get(f"{name}_sd", {}).get(str(n))
+    if value is None or sd is None:
+        return _fmt(value, digits)
+    return f"{value:.{digits}f} ± {sd:.{digits}f}"
 
 
 def _table(head: list[str], rows: list[list[str]], text_columns: int) -> str:
@@ -48,17 +72,19 @@ def _table(head: list[str], rows: list[list[str]], text_columns: int) -> str:
     return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
+def _length_head(n: int, train_len: int, what: str = "ppl") -> str:
+    return f"{what}@{n} ({n // train_len}x)" if n % train_len == 0 else f"{what}@{n}"
+
+
 def markdown_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
-    """The main table: perplexity at each length, and ppl(4L)/ppl(L) when 4L was evaluated."""
+    """The windows protocol's table: perplexity at each length, and ppl(4L)/ppl(L) when 4L was evaluated."""
     has4 = 4 * train_len in eval_lens
-    head = ["scheme"] + [
-        f"ppl@{n} ({n // train_len}x)" if n % train_len == 0 else f"ppl@{n}" for n in eval_lens
-    ]
+    head = ["scheme"] + [_length_head(n, train_len) for n in eval_lens]
     head += ["ppl(4L)/ppl(L)"] if has4 else []
     head += ["note"]
     body = []
     for r in rows:
-        cells = [r["scheme"]] + [_fmt(r["ppl"].get(str(n))) for n in eval_lens]
+        cells = [r["scheme"]] + [_cell(r, "ppl", n) for n in eval_lens]
         if has4:
             cells.append(_fmt(ratio(r, 4 * train_len, train_len), 3))
         cells.append((r.get("note") or "").replace("|", "/"))
@@ -72,52 +98,154 @@ def past_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     if not longer:
         return ""
     head = ["scheme"] + [f"ppl past {train_len} @{n}" for n in longer]
-    body = [[r["scheme"]] + [_fmt(r["ppl_past"].get(str(n))) for n in longer] for r in rows]
+    body = [[r["scheme"]] + [_cell(r, "ppl_past", n) for n in longer] for r in rows]
     return _table(head, body, text_columns=1)
 
 
-def results_payload(settings: Settings, rows: list[dict], corpus: str) -> dict:
-    """The content of results.json: train_len, eval_lens, corpus, and per row scheme, ppl and note."""
+def sliding_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
+    """The sliding protocol: ppl of the last ``train_len`` tokens of windows at stride ``train_len``."""
+    head = ["scheme"] + [_length_head(n, train_len) for n in eval_lens]
+    body = [[r["scheme"]] + [_cell(r, "ppl_sliding", n) for n in eval_lens] for r in rows]
+    return _table(head, body, text_columns=1)
+
+
+def gain_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
+    """Far-context gain ppl(last-L context) / ppl(full context) at each length past ``train_len``."""
+    longer = [n for n in eval_lens if n > train_len]
+    if not longer:
+        return ""
+    head = ["scheme"] + [_length_head(n, train_len, "gain") for n in longer]
+    body = [[r["scheme"]] + [_cell(r, "gain", n, 3) for n in longer] for r in rows]
+    return _table(head, body, text_columns=1)
+
+
+def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
+    """The copy probe: perplexity on a segment's first occurrence and on its repeat, at each length where it
+    was measured ("" when none)."""
+    eval_lens = [n for n in eval_lens if any(r.get("copy_first", {}).get(str(n)) is not None for r in rows)]
+    if not eval_lens:
+        return ""
+    head = ["scheme"]
+    for n in eval_lens:
+        head += [f"first @{n}", f"repeat @{n}"]
+    body = []
+    for r in rows:
+        cells = [r["scheme"]]
+        for n in eval_lens:
+            cells += [_cell(r, "copy_first", n), _cell(r, "copy_repeat", n)]
+        body.append(cells)
+    return _table(head, body, text_columns=1)
+
+
+def _measured(settings: Settings) -> list[str]:
+    """The measures of ``_MEASURES`` that ``settings`` asks for."""
+    wanted = set(settings.protocols) | ({"probe"} if settings.probe_windows else set())
+    return [name for name, need in _MEASURES.items() if need is None or need in wanted]
+
+
+def results_payload(
+    settings: Settings, rows: list[dict], corpus: str, provenance: dict | None = None
+) -> dict:
+    """The content of results.json: train_len, eval_lens, corpus, seeds, protocols, provenance, and per
+    row its scheme, seeds, each measure (mean over seeds) with its ``_sd``, the per-seed values and note."""
     eval_lens = settings.eval_lens
+    names = _measured(settings)
+
+    def row(r: dict) -> dict:
+        out = {"scheme": r["scheme"], "seeds": r.get("seeds", 1)}
+        for name in names:
+            out[name] = {str(n): r.get(name, {}).get(str(n)) for n in eval_lens}
+            out[f"{name}_sd"] = {str(n): r.get(f"{name}_sd", {}).get(str(n)) for n in eval_lens}
+        if "per_seed" in r:
+            out["per_seed"] = {
+                seed: {
+                    name: {str(n): values[name].get(str(n)) for n in eval_lens}
+                    for name in names
+                    if name in values
+                }
+                for seed, values in r["per_seed"].items()
+            }
+        out["note"] = r["note"]
+        return out
+
     return {
         "train_len": settings.train_len,
         "eval_lens": eval_lens,
         "corpus": corpus,
-        "results": [
-            {
-                "scheme": r["scheme"],
-                "ppl": {str(n): r["ppl"].get(str(n)) for n in eval_lens},
-                "note": r["note"],
-            }
-            for r in rows
-        ],
+        "seeds": settings.seeds,
+        "protocols": list(settings.protocols),
+        "provenance": provenance,
+        "results": [row(r) for r in rows],
     }
 
 
 def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s: float, table: str) -> str:
+    seeds = f"seed {s.seed}" if s.seeds == 1 else f"seeds {s.seed}..{s.seed + s.seeds - 1}, mean ± sd"
     md = [
         "# posenc compare: train short, test long",
         "",
         f"Trained at length {s.train_len} on `{corpus}` for {s.steps} steps of {s.batch_size} sequences "
-        f"({s.n_layer} layers, d={s.d_model}, {s.n_head} heads, seed {s.seed}); perplexity (bytes) on "
-        f"non-overlapping validation windows of each length, {s.eval_tokens} tokens per length. "
-        f"rope+X: eval-time extension at factor = length / {s.train_len}. "
+        f"({s.n_layer} layers, d={s.d_model}, {s.n_head} heads, {seeds}); perplexity in bytes. "
+        f"scheme+X: eval-time extension at factor = length / {s.train_len}. "
         f"Wall time {wall_s:.0f} s on {device}.",
         "",
-        table,
-        "",
     ]
-    past = past_table(rows, s.eval_lens, s.train_len)
-    if past:
-        md += ["Perplexity on positions at or past the training length only:", "", past, ""]
+    lens, L = s.eval_lens, s.train_len
+    if "windows" in s.protocols:
+        md += [
+            f"Protocol `windows`: non-overlapping windows of each length, every token scored, the same "
+            f"{s.eval_tokens} tokens at every length:",
+            "",
+            table,
+            "",
+        ]
+    if "sliding" in s.protocols:
+        md += [
+            f"Protocol `sliding`: windows of each length at stride {L}, only their last {L} tokens scored "
+            f"(each with at least length - {L - 1} tokens of context), the same {s.sliding_tokens} tokens "
+            f"at every length:",
+            "",
+            sliding_table(rows, lens, L),
+            "",
+        ]
+    past = past_table(rows, lens, L)
+    if "past" in s.protocols and past:
+        md += [f"Protocol `past`: the windows protocol on positions at or past {L} only:", "", past, ""]
+    gain = gain_table(rows, lens, L)
+    if s.probe_windows and gain:
+        md += [
+            f"Far-context gain: ppl with only the last {L} tokens as context / ppl with the whole window, on "
+            f"the last {min(32, L)} tokens of {s.probe_windows} windows (above 1: tokens farther back than "
+            f"{L} help; 1: the model acts like a window of {L}; below 1: they hurt):",
+            "",
+            gain,
+            "",
+        ]
+    copies = copy_table(rows, lens, L) if s.probe_windows else ""
+    if copies:
+        md += [
+            f"Copy probe: {s.probe_windows} windows whose second half repeats the first, at lengths up to "
+            f"2 x {L}; perplexity on the first occurrence of the repeated bytes and on their repeat (a model "
+            f"that copies does far better on the repeat):",
+            "",
+            copies,
+            "",
+        ]
     return "\n".join(md)
 
 
 def write_reports(
-    out: Path, settings: Settings, rows: list[dict], *, corpus: str, device: str, wall_s: float
+    out: Path,
+    settings: Settings,
+    rows: list[dict],
+    *,
+    corpus: str,
+    device: str,
+    wall_s: float,
+    provenance: dict | None = None,
 ) -> str:
     """Write results.json, details.json, results.md and extrapolation.png into ``out``; returns the table."""
-    payload = results_payload(settings, rows, corpus)
+    payload = results_payload(settings, rows, corpus, provenance)
     write_text_atomic(out / "results.json", json.dumps(payload, indent=2))
     details = {"settings": settings.to_json(), "device": device, "wall_s": round(wall_s, 1), "rows": rows}
     write_text_atomic(out / "details.json", json.dumps(details, indent=2))
@@ -127,31 +255,52 @@ def write_reports(
     return table
 
 
-def extrapolation_figure(payload: dict) -> Figure:
-    """Perplexity vs evaluation length (log-log), one line per scheme, the training length marked.
+def _points(r: dict, name: str) -> tuple[list[int], list[float], list[float]]:
+    """Lengths, values and sds (0 where unknown) of the finite values of ``r[name]``, by length."""
+    sds = r.get(f"{name}_sd") or {}
+    pts = sorted(
+        (int(n), v, sds.get(n) or 0.0)
+        for n, v in (r.get(name) or {}).items()
+        if v is not None and math.isfinite(v)
+    )
+    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
 
-    ``payload`` is the content of results.json. Extensions (``rope+X``) are dashed; schemes with no
-    finite perplexity are left out. The figure is not attached to pyplot, so nothing global changes.
+
+def extrapolation_figure(payload: dict) -> Figure:
+    """Two panels: perplexity vs evaluation length (log-log), and far-context gain vs length.
+
+    ``payload`` is the content of results.json. One line per scheme, extensions (``scheme+X``) dashed,
+    error bars of one seed sd where there are several seeds, the training length marked; schemes with
+    nothing finite to draw are left out of a panel. The figure is not attached to pyplot.
     """
     from matplotlib.figure import Figure  # the lab's optional dependency, imported when used
 
-    fig = Figure(figsize=(7, 4.5))
-    ax = fig.subplots()
+    fig = Figure(figsize=(12, 4.5))
+    ax, gx = fig.subplots(1, 2)
+    train_len = payload["train_len"]
     for r in payload["results"]:
-        pts = [(int(n), v) for n, v in r["ppl"].items() if v is not None and math.isfinite(v)]
-        if not pts:
-            continue
-        xs, ys = zip(*sorted(pts), strict=True)
         style = "--" if "+" in r["scheme"] else "-"
-        ax.plot(xs, ys, style, marker="o", label=r["scheme"])
-    ax.axvline(payload["train_len"], color="grey", lw=1, ls=":", label=f"train length {payload['train_len']}")
+        for panel, name in ((ax, "ppl"), (gx, "gain")):
+            xs, ys, sds = _points(r, name)
+            if not xs:
+                continue
+            (line,) = panel.plot(xs, ys, style, marker="o", label=r["scheme"])
+            if any(sds):
+                panel.errorbar(xs, ys, yerr=sds, fmt="none", ecolor=line.get_color(), capsize=0)
+    ax.axvline(train_len, color="grey", lw=1, ls=":", label=f"train length {train_len}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (bytes)")
     ax.set_title("Length extrapolation: trained short, evaluated long")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
+    gx.set_xscale("log", base=2)
+    gx.set_xlabel("evaluation length (tokens)")
+    gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
+    gx.set_title("Far-context gain: above 1, tokens past the training length help")
+    for panel in (ax, gx):
+        panel.grid(True, which="both", alpha=0.3)
+        panel.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

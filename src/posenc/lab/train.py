@@ -201,7 +201,12 @@ class _Run:
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's rows of the global batch of ``step``: ``(x, y)``, each ``(batch / world, seq)``."""
         x, y = batch_at(
-            self.corpus.train, step, batch_size=self.cfg.batch_size, seq_len=self.seq, seed=self.cfg.seed
+            self.corpus.train,
+            step,
+            batch_size=self.cfg.batch_size,
+            seq_len=self.seq,
+            seed=self.cfg.seed,
+            copy_fraction=self.cfg.copy_fraction,
         )
         per_rank = self.cfg.batch_size // self.procs.world
         rows = slice(self.procs.rank * per_rank, (self.procs.rank + 1) * per_rank)
