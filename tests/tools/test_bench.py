@@ -1,6 +1,8 @@
 """`posenc bench`: the quick smoke run end to end, the CUDA code path on CPU tensors, --device cuda
-without a GPU, and the target bookkeeping on hand-made rows."""
+without a GPU, the score-bias rows (in this process at tiny sizes, one in a child process), and the target
+bookkeeping on hand-made rows."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -9,9 +11,9 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.tools.benchmarks import attention, memory, rope
+from posenc.tools.benchmarks import attention, biases, memory, rope
 from posenc.tools.benchmarks.presets import PRESETS
-from posenc.tools.benchmarks.targets import targets
+from posenc.tools.benchmarks.targets import targets, targets_table
 
 
 def test_bench_quick_writes_table_and_json(tmp_path, capsys):
@@ -21,6 +23,7 @@ def test_bench_quick_writes_table_and_json(tmp_path, capsys):
     assert "RoPE on q and k" in printed and "ALiBi attention" in printed and f"wrote {out}" in printed
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["quick"] is True and result["targets"] == []
+    assert result["bias"] == []  # --quick leaves the biases to --only bias
     combos = {(r["dtype"], r["layout"], r["mode"]) for r in result["rope"]}
     dtypes, layouts, modes = ("float32", "bfloat16"), ("half", "interleaved"), ("out", "inplace")
     assert combos == {(d, lay, m) for d in dtypes for lay in layouts for m in modes}
@@ -134,3 +137,114 @@ def test_bench_out_that_cannot_be_written_is_refused_at_once(where, word, tmp_pa
     assert main(["bench", "--quick", "--out", str(tmp_path / where)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("posenc bench: error: --out") and word in err and len(err.splitlines()) == 1
+
+
+def _tiny_bias_preset(lengths=(64,)):
+    return dataclasses.replace(PRESETS[("cpu", True)], heads=2, head_dim=16, bias_lengths=lengths)
+
+
+def _in_process(monkeypatch):
+    """biases.run measuring in this process instead of one fresh process per row (fast; peaks unchecked)."""
+    monkeypatch.setattr(biases, "_measured", lambda *args: biases.measure(*args))
+
+
+def test_bias_rows_have_the_expected_keys(monkeypatch):
+    _in_process(monkeypatch)
+    rows = biases.run(_tiny_bias_preset(), torch.device("cpu"), repeat=1)
+    assert [(r["bias"], r["mode"]) for r in rows] == [(b, m) for m in biases.MODES for b in biases.BIASES]
+    for r in rows:
+        assert "skipped" not in r, r
+        assert r["kind"] == biases.BIASES[r["bias"]][0]
+        assert (r["seq"], r["heads"], r["head_dim"]) == (64, 2, 16)
+        assert r["seconds"] > 0 and r["peak_bytes"] >= 0 and r["sdpa_causal_peak_bytes"] >= 0
+        assert r["x_causal_sdpa"] == pytest.approx(r["seconds"] / r["sdpa_causal_seconds"])
+        if r["kind"] == "content":
+            assert r["backend"] == "query-blocked" and "no bias to materialise" in r["sdpa_bias_skipped"]
+        else:
+            assert r["backend"] == "materialise"  # 2 heads x 64^2 scores: posenc's tiny-input path
+            ratio = r["sdpa_bias_seconds"] / r["sdpa_causal_seconds"]
+            assert r["sdpa_bias_x_causal_sdpa"] == pytest.approx(ratio)
+            assert r["sdpa_bias_peak_bytes"] >= 0
+    assert biases.bias_table(rows).count("\n") == len(rows) + 1
+
+
+def test_bias_rows_say_what_was_not_run(monkeypatch):
+    _in_process(monkeypatch)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1 << 10)  # nothing materialised fits
+    monkeypatch.setattr(biases, "BIASES", {k: biases.BIASES[k] for k in ("ALiBi", "CoPE")})
+    monkeypatch.setitem(biases.BIASES, "CoPE", (*biases.BIASES["CoPE"][:2], 32))
+    rows = biases.run(_tiny_bias_preset(), torch.device("cpu"), repeat=1)
+    alibi, cope = rows[0], rows[1]
+    assert (
+        "needs ~0 GiB" in alibi["sdpa_bias_skipped"]
+        and "sdpa_bias_seconds" not in alibi
+        and alibi["seconds"] > 0
+    )
+    assert cope["skipped"] == "not run above L = 32 (minutes per call here)" and "seconds" not in cope
+    lines = biases.bias_table(rows).splitlines()
+    assert "skipped: needs" in lines[2] and lines[3].split()[:4] == ["CoPE", "64", "forward", "skipped:"]
+
+
+def test_bias_child_process_runs_a_row():
+    got = attention.in_child(biases.__name__, "SandwichBias", "forward+backward", 64, 2, 16, 1, 1)
+    assert {"seconds", "peak_bytes", "sdpa_bias_seconds", "x_causal_sdpa"} <= set(got), got
+
+
+def test_bias_measure_refuses_an_unknown_bias_or_mode():
+    with pytest.raises(ValueError, match=r"bias must be one of \(.*'ALiBi'.*\), got 'Nope'"):
+        biases.measure("Nope", "forward", 64, 2, 16, 1)
+    modes = r"\('forward', 'forward\+backward'\)"
+    with pytest.raises(ValueError, match=rf"mode must be one of {modes}, got 'back'"):
+        biases.measure("ALiBi", "back", 64, 2, 16, 1)
+
+
+@pytest.mark.parametrize("name", ["T5Bias", "KerpleBias(log)", "SandwichBias", "FireBias", "ALiBi"])
+def test_materialised_bias_is_the_bias(name):
+    bias = biases.BIASES[name][1](3, 16)
+    assert torch.equal(biases.materialised_bias(bias, 40), bias.bias(40, 40, causal=True))
+
+
+def _bias_row(bias, kind, mode, peak, x_causal, seq=16384):
+    return {
+        "bias": bias,
+        "kind": kind,
+        "mode": mode,
+        "seq": seq,
+        "peak_bytes": peak,
+        "x_causal_sdpa": x_causal,
+    }
+
+
+def test_bias_targets_met_and_not_met():
+    rows = [
+        _bias_row("T5Bias", "table", "forward", 2e8, 1.9),
+        _bias_row("T5Bias", "table", "forward+backward", 1.6e9, 2.1),
+        _bias_row("FireBias", "tile", "forward", 2e8, 9.0),  # no time target for a tile bias
+        _bias_row("ALiBi", "table", "forward", 9e9, 9.0, seq=8192),  # not a target length
+        {"bias": "CoPE", "kind": "content", "mode": "forward", "seq": 16384, "skipped": "not run"},
+    ]
+    got = {t["target"]: t["met"] for t in targets([], [], [], rows)}
+    assert got == {
+        "T5Bias L=16384 forward peak < 1.5 GB": True,
+        "T5Bias L=16384 forward time <= 2x causal SDPA": True,
+        "T5Bias L=16384 forward+backward peak < 1.5 GB": False,
+        "T5Bias L=16384 forward+backward time <= 2x causal SDPA": False,
+        "FireBias L=16384 forward peak < 1.5 GB": True,
+        "CoPE L=16384 forward peak < 1.5 GB": False,
+    }
+    shown = targets_table(targets([], [], [], rows)).splitlines()
+    assert "  [NOT met] T5Bias L=16384 forward+backward time <= 2x causal SDPA: 2.10" in shown
+    assert "  [NOT met] CoPE L=16384 forward peak < 1.5 GB: not measured" in shown
+    assert "  [met] T5Bias L=16384 forward peak < 1.5 GB: 191 MiB" in shown
+
+
+def test_bench_only_bias_runs_the_bias_lengths(tmp_path, capsys, monkeypatch):
+    _in_process(monkeypatch)
+    monkeypatch.setattr(biases, "BIASES", {"KerpleBias(log)": biases.BIASES["KerpleBias(log)"]})
+    monkeypatch.setitem(PRESETS, ("cpu", True), _tiny_bias_preset((48, 64)))
+    out = tmp_path / "bias.json"
+    assert main(["bench", "--quick", "--only", "bias", "--repeat", "1", "--out", str(out)]) == 0
+    assert "Score biases" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    assert result["rope"] == result["attention"] == result["serving"] == [] and result["targets"] == []
+    assert [(r["seq"], r["mode"]) for r in result["bias"]] == [(s, m) for s in (48, 64) for m in biases.MODES]

@@ -1,9 +1,12 @@
-"""``posenc bench``: RoPE throughput and long-context ALiBi attention, as a table and as JSON.
+"""``posenc bench``: RoPE throughput, long-context ALiBi attention and every score bias, as a table and as
+JSON.
 
 ``--device cpu`` (the default) and ``--device cuda`` run the same code (:mod:`posenc.tools.benchmarks`)
 with each device's sizes (:mod:`.benchmarks.presets`); on CUDA, k has a quarter of q's heads (GQA),
 forward + backward is timed too, and bandwidth is also given as a share of the nominal HBM peak. A full
 CPU run is checked against the targets of :mod:`.benchmarks.targets` (reported, not asserted).
+The score biases (:mod:`.benchmarks.biases`) run at their full lengths with ``--only bias``; a plain run
+measures them at the preset's shorter ``bias_default_lengths``.
 """
 
 from __future__ import annotations
@@ -60,15 +63,17 @@ def run_bench(args: argparse.Namespace) -> int:
             "posenc bench: error: --device cuda: no CUDA device is available on this machine", file=sys.stderr
         )
         return 2
-    from .benchmarks import attention, presets, rope, serving, targets
+    from .benchmarks import attention, biases, presets, rope, serving, targets
 
     preset = presets.preset(device, args.quick)
+    bias_lengths = preset.bias_lengths if args.only == "bias" else preset.bias_default_lengths
     result = {"device": device.type, "quick": bool(args.quick), "machine": _machine(device)}
     print(_summary(result["machine"]))
     parts = {
         "rope": (lambda: rope.run(preset, device, args.repeat), rope.rope_table),
         "serving": (lambda: serving.run(device, args.quick, args.repeat), serving.serving_table),
         "attention": (lambda: attention.run(preset, device, args.repeat), attention.attention_table),
+        "bias": (lambda: biases.run(preset, device, args.repeat, bias_lengths), biases.bias_table),
     }
     for name, (run, table) in parts.items():
         result[name] = run() if args.only in (None, name) else []
@@ -77,7 +82,7 @@ def run_bench(args: argparse.Namespace) -> int:
     result["machine"]["load_average_after"] = os.getloadavg()
     # The targets are about the full CPU shapes; --quick is a smoke test of the machinery.
     full_cpu = device.type == "cpu" and not args.quick
-    rows = (result["rope"], result["attention"], result["serving"])
+    rows = (result["rope"], result["attention"], result["serving"], result["bias"])
     result["targets"] = targets.targets(*rows) if full_cpu else []
     if result["targets"]:
         print(targets.targets_table(result["targets"]))
@@ -103,9 +108,11 @@ def add_commands(subparsers) -> None:
     """Add ``posenc bench``."""
     p = subparsers.add_parser(
         "bench",
-        help="benchmark RoPE and ALiBi attention on the CPU or CUDA (table on stdout, --out for JSON)",
+        help="benchmark RoPE, ALiBi attention and the score biases on the CPU or CUDA (table on stdout, "
+        "--out for JSON)",
         description="Benchmark posenc's RoPE against copy bandwidth and transformers' eager code, and ALiBi "
-        "attention at long context against SDPA with a materialised bias and causal SDPA.",
+        "attention and every score bias at long context against SDPA with a materialised bias and causal "
+        "SDPA.",
     )
     p.add_argument(
         "--device",
@@ -116,7 +123,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke test")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
     p.add_argument(
-        "--only", choices=("rope", "serving", "attention"), help="run one part only (serving: decode/prefill)"
+        "--only",
+        choices=("rope", "serving", "attention", "bias"),
+        help="run one part only (serving: decode/prefill; bias: every score bias at L = 2048, 8192 and "
+        "16384, forward and forward+backward, with its targets; a plain CPU run does L = 2048 only)",
     )
     p.add_argument(
         "--repeat",

@@ -2,6 +2,8 @@
 
 * :mod:`.rope`: RoPE throughput against the copy floor and transformers;
 * :mod:`.attention`: long-context ALiBi attention, time and peak memory;
+* :mod:`.biases`: every score bias at long context, forward and forward + backward;
+* :mod:`.serving`: RoPE at decode and short-prefill shapes;
 * :mod:`.presets`: the sizes per device; :mod:`.targets`: what a full CPU run is checked against;
 * :mod:`.timing`, :mod:`.memory`, :mod:`.report`: timing, peak memory and tables, shared by both.
 

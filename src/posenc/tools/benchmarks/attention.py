@@ -38,22 +38,34 @@ CASES = ("posenc", "sdpa+bias", "sdpa causal")
 _CPU = torch.device("cpu")
 
 
-def attend(case: str, alibi: posenc.ALiBi) -> Callable[..., torch.Tensor]:
-    """The call one case makes: (q, k, v), each (batch, heads, seq, head_dim) -> the attention output."""
+def attend(case: str, bias: posenc.ALiBi | posenc.ScoreBias | None) -> Callable[..., torch.Tensor]:
+    """The call one case makes: (q, k, v), each (batch, heads, seq, head_dim) -> the attention output.
+
+    ``bias`` is any posenc score bias (ALiBi, T5Bias, ...): the ``bias`` benchmark reuses these calls.
+    """
     if case == "posenc":
-        return lambda q, k, v: posenc.attention(q, k, v, bias=alibi, causal=True)
+        return lambda q, k, v: posenc.attention(q, k, v, bias=bias, causal=True)
     if case == "sdpa+bias":
         return lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=alibi.bias(q.shape[2], k.shape[2], causal=True).to(q.dtype)
+            q, k, v, attn_mask=bias.bias(q.shape[2], k.shape[2], causal=True).to(q.dtype)
         )
     if case == "sdpa causal":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     raise ValueError(f"case must be one of {CASES}, got {case!r}")
 
 
-def materialised_bytes(seq: int, heads: int, element_size: int = 4) -> int:
-    """Rough footprint of SDPA with a materialised bias: the bias, the scores and the weights."""
-    return 3 * heads * seq * seq * element_size
+def materialised_bytes(seq: int, heads: int, element_size: int = 4, matrices: int = 3) -> int:
+    """Rough footprint of SDPA with a materialised bias: ``matrices`` (heads, seq, seq) tensors (forward:
+    the bias, the scores and the weights; a backward adds their gradients)."""
+    return matrices * heads * seq * seq * element_size
+
+
+def materialised_fits(need: int, device: torch.device) -> str | None:
+    """None where ``need`` bytes fit in half the memory available now, else why the case is skipped."""
+    avail = memory.available_bytes(device)
+    if need <= avail // 2:
+        return None
+    return f"needs ~{need / 2**30:.0f} GiB for the bias and scores, {avail / 2**30:.0f} GiB available"
 
 
 def _qkv(seq: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
@@ -79,14 +91,20 @@ def measure(case: str, seq: int, heads: int, dim: int, repeat: int, device=_CPU,
     return {"seconds": statistics.median(times), "peak_bytes": added, "backend": backend}
 
 
-def _in_child(case: str, seq: int, heads: int, dim: int, repeat: int) -> dict:
-    """:func:`measure` on the CPU in a fresh Python process; {"skipped": why} where it failed."""
-    cmd = [sys.executable, "-m", __name__, case, *map(str, (seq, heads, dim, repeat))]
+def in_child(module: str, *args) -> dict:
+    """Run ``python -m module args...`` in a fresh process and parse the JSON object on its last line of
+    output; {"skipped": why} where it failed. A fresh process per case keeps each peak its own."""
+    cmd = [sys.executable, "-m", module, *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if proc.returncode != 0:
         err = proc.stderr.strip()
         return {"skipped": f"failed: {err.splitlines()[-1] if err else proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _in_child(case: str, seq: int, heads: int, dim: int, repeat: int) -> dict:
+    """:func:`measure` on the CPU in a fresh Python process; {"skipped": why} where it failed."""
+    return in_child(__name__, case, seq, heads, dim, repeat)
 
 
 def run_case(
@@ -95,10 +113,9 @@ def run_case(
     """One case's result row; a fresh process on the CPU, this one on CUDA."""
     row = {"case": case, "seq": seq, "heads": heads, "head_dim": dim}
     if case == "sdpa+bias":
-        need, avail = materialised_bytes(seq, heads, dtype.itemsize), memory.available_bytes(device)
-        if need > avail // 2:
-            gib = f"needs ~{need / 2**30:.0f} GiB for the bias and scores, {avail / 2**30:.0f} GiB available"
-            return {**row, "skipped": gib}
+        why = materialised_fits(materialised_bytes(seq, heads, dtype.itemsize), device)
+        if why is not None:
+            return {**row, "skipped": why}
     if device.type == "cpu":
         return {**row, **_in_child(case, seq, heads, dim, repeat)}
     try:

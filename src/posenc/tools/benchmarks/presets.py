@@ -14,6 +14,9 @@ class Preset:
     rope_shapes: q's (batch, heads, seq, head_dim); k has heads / kv_group heads (GQA when kv_group > 1).
     rope_backward: also time forward + backward through autograd.
     lengths: ALiBi attention sequence lengths, at batch 1 with ``heads`` heads of ``head_dim``.
+    bias_lengths: the score-bias benchmark's lengths (``--only bias``); bias_default_lengths: those a
+    plain ``posenc bench`` runs it at (every bias in both modes is a fresh process per length, so the
+    default run keeps to a short one and the long lengths come with ``--only bias``).
     """
 
     rope_shapes: tuple[tuple[int, int, int, int], ...]
@@ -26,6 +29,8 @@ class Preset:
     rope_backward: bool = False
     heads: int = 8
     head_dim: int = 64
+    bias_lengths: tuple[int, ...] = (2048, 8192, 16384)
+    bias_default_lengths: tuple[int, ...] = (2048,)
 
 
 _BOTH = (torch.float32, torch.bfloat16)
@@ -33,7 +38,17 @@ _CPU_FULL_SHAPES = ((4, 16, 2048, 128), (1, 32, 8192, 128))
 
 PRESETS: dict[tuple[str, bool], Preset] = {
     ("cpu", False): Preset(_CPU_FULL_SHAPES, _BOTH, 11, (2048, 8192, 16384), torch.float32, 3),
-    ("cpu", True): Preset(((1, 2, 64, 32),), _BOTH, 3, (256, 1024), torch.float32, 2),
+    # --quick leaves the biases out of the default run (a dozen fresh processes); --only bias runs them
+    ("cpu", True): Preset(
+        ((1, 2, 64, 32),),
+        _BOTH,
+        3,
+        (256, 1024),
+        torch.float32,
+        2,
+        bias_lengths=(512,),
+        bias_default_lengths=(),
+    ),
     ("cuda", False): Preset(
         (*_CPU_FULL_SHAPES, (8, 32, 4096, 128)),
         _BOTH,
@@ -43,9 +58,19 @@ PRESETS: dict[tuple[str, bool], Preset] = {
         5,
         kv_group=4,
         rope_backward=True,
+        bias_default_lengths=(2048, 8192, 16384),
     ),
     ("cuda", True): Preset(
-        ((1, 4, 16, 32),), (torch.float32,), 2, (128,), torch.bfloat16, 2, kv_group=4, rope_backward=True
+        ((1, 4, 16, 32),),
+        (torch.float32,),
+        2,
+        (128,),
+        torch.bfloat16,
+        2,
+        kv_group=4,
+        rope_backward=True,
+        bias_lengths=(128,),
+        bias_default_lengths=(128,),
     ),
 }
 """(device type, quick) -> what to run. ``--quick`` is a smoke test of the machinery: tiny shapes."""
