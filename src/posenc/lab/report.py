@@ -273,35 +273,53 @@ def extrapolation_figure(payload: dict) -> Figure:
     error bars of one seed sd where there are several seeds, the training length marked; schemes with
     nothing finite to draw are left out of a panel. The figure is not attached to pyplot.
     """
+    from matplotlib import colormaps
     from matplotlib.figure import Figure  # the lab's optional dependency, imported when used
 
-    fig = Figure(figsize=(12, 4.5))
+    rows = payload["results"]
+    # 20 distinct colours (ten would repeat with `--schemes all`), one per row in both panels; one legend
+    # for both, below them, so that no line is hidden behind it
+    colours = colormaps["tab20"].colors
+    legend_rows = math.ceil((len(rows) + 1) / 6)
+    fig = Figure(figsize=(12, 4.5 + 0.22 * legend_rows))
     ax, gx = fig.subplots(1, 2)
     train_len = payload["train_len"]
-    for r in payload["results"]:
+    for i, r in enumerate(rows):
         style = "--" if "+" in r["scheme"] else "-"
         for panel, name in ((ax, "ppl"), (gx, "gain")):
             xs, ys, sds = _points(r, name)
             if not xs:
                 continue
-            (line,) = panel.plot(xs, ys, style, marker="o", label=r["scheme"])
+            colour = colours[(2 * i) % 20 + (2 * i) // 20 % 2]  # dark shades first, then the light ones
+            panel.plot(xs, ys, style, marker="o", color=colour, label=r["scheme"])
             if any(sds):
-                panel.errorbar(xs, ys, yerr=sds, fmt="none", ecolor=line.get_color(), capsize=0)
+                panel.errorbar(xs, ys, yerr=sds, fmt="none", ecolor=colour, capsize=0)
     ax.axvline(train_len, color="grey", lw=1, ls=":", label=f"train length {train_len}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (bytes)")
     ax.set_title("Length extrapolation: trained short, evaluated long")
-    gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
+    reference = gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
     gx.set_xscale("log", base=2)
     gx.set_xlabel("evaluation length (tokens)")
     gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
     gx.set_title("Far-context gain: above 1, tokens past the training length help")
     for panel in (ax, gx):
         panel.grid(True, which="both", alpha=0.3)
-        panel.legend(fontsize=8)
-    fig.tight_layout()
+    gx.legend(handles=[reference], fontsize=8)
+    inch = 1.0 / fig.get_figheight()  # one inch in figure coordinates
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, (0.12 + 0.22 * legend_rows) * inch),
+        bbox_transform=fig.transFigure,
+        ncol=6,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.subplots_adjust(
+        left=0.08, right=0.98, top=0.93, bottom=(0.7 + 0.22 * legend_rows) * inch, wspace=0.25
+    )
     return fig
 
 
