@@ -397,7 +397,7 @@ def _add_train(subparsers) -> None:
 
 def _add_eval(subparsers) -> None:
     p = subparsers.add_parser(
-        "eval", help="perplexity at several lengths, RoPE extensions, passkey retrieval"
+        "eval", help="perplexity at several lengths, eval-time extensions, passkey retrieval"
     )
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     _data_args(p)
@@ -406,7 +406,10 @@ def _add_eval(subparsers) -> None:
     )
     p.add_argument("--eval-tokens", type=_positive_int, default=32768, help="validation tokens per length")
     p.add_argument(
-        "--extensions", type=_str_list, help="RoPE eval-time extensions (default pi,ntk,dynamic,yarn)"
+        "--extensions",
+        type=_str_list,
+        help="eval-time extensions, those that apply to the model's scheme are run (default: all of "
+        "pi,ntk,dynamic,yarn for rope, bca for xpos, temp for none)",
     )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
     p.add_argument("--passkey-trials", type=_positive_int, default=8)
