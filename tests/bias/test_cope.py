@@ -16,6 +16,7 @@ import posenc
 from posenc import reference as R
 
 from ..peak_memory import peak_rise_mib
+from ..qkv import random_qkv
 
 
 @st.composite
@@ -34,16 +35,6 @@ def case(draw):
         block=draw(st.one_of(st.none(), st.integers(1, 8))),
         scale=draw(st.sampled_from([None, 0.7])),
     )
-
-
-def _inputs(c, dtype=torch.float32, grad=False):
-    gen = torch.Generator().manual_seed(c["q_len"] * 100 + c["k_len"])
-    shapes = (
-        (c["batch"], c["heads"], c["q_len"], c["head_dim"]),
-        (c["batch"], c["kv_heads"], c["k_len"], c["head_dim"]),
-        (c["batch"], c["kv_heads"], c["k_len"], c["v_dim"]),
-    )
-    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_(grad) for s in shapes]
 
 
 def _module(c, dtype=torch.float32):
@@ -82,7 +73,7 @@ def _oracle(q, k, v, cope, scale=None):
 
 @given(case())
 def test_matches_reference_float32(c):
-    q, k, v = _inputs(c)
+    q, k, v = random_qkv(c)
     cope = _module(c)
     got = cope.attend(q, k, v, scale=c["scale"], block=c["block"])
     want = _oracle(q, k, v, cope, c["scale"])
@@ -94,7 +85,7 @@ def test_matches_reference_float32(c):
 @settings(max_examples=25)
 @given(case())
 def test_gradients_match_materialised_float64(c):
-    q, k, v = _inputs(c, torch.float64, grad=True)
+    q, k, v = random_qkv(c, torch.float64, grad=True)
     cope = _module(c, torch.float64)
     got = cope.attend(q, k, v, scale=c["scale"], block=c["block"])
     want = _materialised(q, k, v, cope, c["scale"])
@@ -134,7 +125,7 @@ def test_zero_initialisation_is_causal_attention():
 def test_blocked_equals_one_block():
     """Several blocks (and the default sizing, blocked at this length) against one materialised block."""
     c = dict(batch=1, heads=4, kv_heads=2, q_len=300, k_len=320, head_dim=8, v_dim=8)
-    q, k, v = _inputs(c, grad=True)
+    q, k, v = random_qkv(c, grad=True)
     cope = _module(dict(c, npos_max=64))
     direct = cope.attend(q, k, v, block=300)
     grad = torch.randn(direct.shape, generator=torch.Generator().manual_seed(1))
@@ -160,7 +151,7 @@ def test_torch_compile_matches_eager(seq):
     """The one-block path (12) is traced; the blocked path (300) runs eagerly behind a graph break."""
     torch._dynamo.reset()
     c = dict(batch=1, heads=4, kv_heads=2, q_len=seq, k_len=seq, head_dim=8, v_dim=8)
-    q, k, v = _inputs(c, grad=True)
+    q, k, v = random_qkv(c, grad=True)
     cope = _module(dict(c, npos_max=32))
 
     def loss(q, k, v):

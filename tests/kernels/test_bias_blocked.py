@@ -13,6 +13,7 @@ from posenc.kernels.bias_blocked import bias_attention_blocked
 
 from ..bias.oracles import NAMES, make_bias, oracle_attention
 from ..peak_memory import peak_rise_mib
+from ..qkv import random_qkv
 
 
 @st.composite
@@ -33,19 +34,9 @@ def case(draw):
     )
 
 
-def _inputs(c, dtype=torch.float32, grad=False):
-    gen = torch.Generator().manual_seed(c["q_len"] * 100 + c["k_len"])
-    shapes = (
-        (c["batch"], c["heads"], c["q_len"], c["head_dim"]),
-        (c["batch"], c["kv_heads"], c["k_len"], c["head_dim"]),
-        (c["batch"], c["kv_heads"], c["k_len"], c["v_dim"]),
-    )
-    return [torch.randn(s, generator=gen, dtype=dtype).requires_grad_(grad) for s in shapes]
-
-
 @given(case())
 def test_matches_reference_float32(c):
-    q, k, v = _inputs(c)
+    q, k, v = random_qkv(c)
     bias = make_bias(c["name"], c["heads"])
     got = bias_attention_blocked(q, k, v, bias, causal=c["causal"], block=c["block"])
     want = oracle_attention(q, k, v, bias, c["causal"])
@@ -64,7 +55,7 @@ def _materialised(q, k, v, bias, causal):
 @given(case())
 def test_gradients_match_materialised_float64(c):
     """q, k, v and every parameter of the bias (a table's gradient is the sum of dS along each diagonal)."""
-    q, k, v = _inputs(c, torch.float64, grad=True)
+    q, k, v = random_qkv(c, torch.float64, grad=True)
     bias = make_bias(c["name"], c["heads"]).double()
     got = bias_attention_blocked(q, k, v, bias, causal=c["causal"], block=c["block"])
     want = _materialised(q, k, v, bias, c["causal"])

@@ -160,12 +160,7 @@ class RotaryEmbedding(nn.Module):
         ):
             return _rotate_small(self, q, k, offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if positions is not None and k_positions is None:
-            if q_len != k_len:
-                raise ValueError(
-                    f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
-                )
-            k_positions = positions
+        k_positions = _key_positions(q_len, k_len, positions, k_positions)
         if context_len is None and self.length_dependent:  # one schedule for q and k: the keys' length
             context_len = (
                 offset + max(q_len, k_len) if k_positions is None else default_context(k_positions) + offset
@@ -211,6 +206,17 @@ def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
         rows_q if q_len == k_len else rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
     )
     return rotate_small(q, rows_q, rope.layout), rotate_small(k, rows_k, rope.layout)
+
+
+def _key_positions(q_len: int, k_len: int, positions, k_positions):
+    """The keys' positions: ``k_positions``, else the queries' ``positions`` when q and k have one length."""
+    if positions is not None and k_positions is None:
+        if q_len != k_len:
+            raise ValueError(
+                f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
+            )
+        return positions
+    return k_positions
 
 
 def _check_x(rope: RotaryEmbedding, name: str, x) -> None:

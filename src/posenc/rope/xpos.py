@@ -24,7 +24,7 @@ import torch
 
 from .. import _checks
 from ..kernels import apply_rotary
-from .embedding import RotaryEmbedding, _check_pair, _check_x
+from .embedding import RotaryEmbedding, _check_pair, _check_x, _key_positions
 from .table import align_to
 
 __all__ = ["XPos", "blockwise_causal_mask"]
@@ -110,12 +110,7 @@ class XPos(RotaryEmbedding):
         the last q_len key positions). The default centre is the middle of the key positions, shared by q."""
         _check_pair(self, q, k, inplace)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if positions is not None and k_positions is None:
-            if q_len != k_len:
-                raise ValueError(
-                    f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
-                )
-            k_positions = positions
+        k_positions = _key_positions(q_len, k_len, positions, k_positions)
         q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
         cos_q, sin_q = self.table.for_tensor(q, positions, q_offset)
         cos_k, sin_k = self.table.for_tensor(k, k_positions, offset)
