@@ -60,6 +60,29 @@ from posenc.cli import main
             ["train", "--encoding", "rope", "--out", "{tmp}/r", "--copy-fraction", "-0.1"],
             "copy_fraction=-0.1 must",
         ),
+        (
+            [
+                "train",
+                "--encoding",
+                "rope",
+                "--out",
+                "{tmp}/r",
+                "--copy-fraction",
+                "0.5",
+                "--passkey-fraction",
+                "0.6",
+            ],
+            "copy_fraction=0.5 and passkey_fraction=0.6 add up to 1.1",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--passkey-fraction", "0.5"],
+            "passkey_fraction=0.5 needs train_len >= 35 (a passkey prompt and its answer in one training "
+            "window); train_len is 16",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--passkey-trials", "-2"],
+            "passkey_trials=-2 must be an integer >= 0",
+        ),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
@@ -209,7 +232,7 @@ def test_odd_head_sizes_train_where_nothing_pairs_head_dimensions(encoding, corp
 def test_cli_passkey_minimum_is_the_shortest_length_that_works(style, digits, tmp_path, capsys):
     import re
 
-    from posenc.lab.evaluate import passkey_prompt
+    from posenc.lab.passkey import passkey_prompt
 
     (tmp_path / "empty").mkdir()
     argv = ["eval", str(tmp_path / "empty"), "--passkey-lens", "16,400", "--passkey-style", style]

@@ -63,17 +63,27 @@ def expected_rows(settings):
     ]
 
 
-MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat"]
+MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "passkey"]
 
 
 def test_compare_writes_results_json_with_the_exact_schema(compared):
     out, _, _ = compared
     data = json.loads((out / "results.json").read_text())
-    assert list(data) == ["train_len", "eval_lens", "corpus", "seeds", "protocols", "provenance", "results"]
+    assert list(data) == [
+        "train_len",
+        "eval_lens",
+        "corpus",
+        "seeds",
+        "protocols",
+        "passkey_trials",
+        "provenance",
+        "results",
+    ]
     tiny = PRESETS["tiny"]
     assert data["train_len"] == tiny.train_len
     assert data["eval_lens"] == [tiny.train_len * m for m in tiny.eval_mults]
     assert data["seeds"] == 1 and data["protocols"] == ["windows", "sliding", "past"]
+    assert data["passkey_trials"] == tiny.passkey_trials
     assert isinstance(data["corpus"], str) and data["corpus"].endswith("corpus0")
     schemes = [r["scheme"] for r in data["results"]]
     assert schemes == expected_rows(tiny)
@@ -123,13 +133,17 @@ def test_compare_writes_table_and_plot(compared, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # What the PNG shows: the figure of results.json, one line per row and the training length.
     fig = extrapolation_figure(data)
-    ax, gain = fig.axes
+    ax, gain, keys = fig.axes
     assert ax.get_title() == "Length extrapolation: trained short, evaluated long"
     assert ax.get_xlabel() == "evaluation length (tokens)" and ax.get_ylabel() == "perplexity (bytes)"
     labels = [line.get_label() for line in ax.get_lines()]
     assert labels == [r["scheme"] for r in data["results"]] + [f"train length {data['train_len']}"]
     measured = [r["scheme"] for r in data["results"] if r["gain"][str(data["eval_lens"][-1])] is not None]
     assert [line.get_label() for line in gain.get_lines()][:-1] == measured  # learned has no gain past L
+    # passkey accuracy: only the longest length (64) holds the prompt; learned cannot run there
+    asked = [r["scheme"] for r in data["results"] if r["passkey"][str(data["eval_lens"][-1])] is not None]
+    assert [line.get_label() for line in keys.get_lines()][:-1] == asked and "learned" not in asked
+    assert keys.get_title() == "Passkey retrieval: a key hidden in the text"
     save_figure(fig, tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes() == png
     for scheme in ("none", "sinusoidal", "learned", "rope", "alibi"):
@@ -279,6 +293,25 @@ def test_protocol_and_copy_fraction_flags_reach_the_report_and_the_training(comp
     assert "Protocol `sliding`" in md and "Protocol `windows`" not in md and "Protocol `past`" not in md
     state = json.loads((tmp_path / "models" / "alibi" / "seed-0" / "run.json").read_text())
     assert state["train"]["copy_fraction"] == 0.5
+
+
+def test_passkey_flags_reach_the_training_and_the_report(compared, corpus_dir, tmp_path):
+    _, cache, _ = compared
+    args = tiny_compare_args(tmp_path, corpus_dir, cache, schemes="alibi")
+    args += ["--train-len", "40", "--eval-mults", "1,2", "--passkey-fraction", "0.5", "--passkey-trials", "3"]
+    assert main(args) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    (row,) = data["results"]
+    assert data["passkey_trials"] == 3 and set(row["passkey"]) == {"40", "80"}
+    assert all(v in (0.0, 1 / 3, 2 / 3, 1.0) for v in row["passkey"].values())
+    md = (tmp_path / "results.md").read_text()
+    assert "Passkey retrieval: 3 prompts per length" in md and "trained with a passkey share of 0.5" in md
+    state = json.loads((tmp_path / "models" / "alibi" / "seed-0" / "run.json").read_text())
+    assert state["train"]["passkey_fraction"] == 0.5
+    again = tmp_path / "none"
+    assert main(tiny_compare_args(again, corpus_dir, cache, schemes="alibi") + ["--passkey-trials", "0"]) == 0
+    data = json.loads((again / "results.json").read_text())
+    assert "passkey" not in data["results"][0] and "Passkey" not in (again / "results.md").read_text()
 
 
 def test_a_finished_model_trained_with_other_settings_is_refused_not_reused(

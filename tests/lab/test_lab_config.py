@@ -148,6 +148,13 @@ def test_settings_json_and_the_configs_they_build():
         ({"probe_windows": -1}, "probe_windows=-1 must be an integer >= 0"),
         ({"copy_fraction": 1.5}, "copy_fraction=1.5 must be a number in [0, 1]"),
         ({"copy_fraction": math.nan}, "copy_fraction=nan must be a number in [0, 1]"),
+        ({"passkey_fraction": -0.5}, "passkey_fraction=-0.5 must be a number in [0, 1]"),
+        (
+            {"copy_fraction": 0.5, "passkey_fraction": 0.75},
+            "copy_fraction=0.5 and passkey_fraction=0.75 add up to 1.25; the shares of the training mix",
+        ),
+        ({"passkey_fraction": 0.5, "train_len": 16}, "passkey_fraction=0.5 needs train_len >= 35"),
+        ({"passkey_trials": -1}, "passkey_trials=-1 must be an integer >= 0"),
     ],
 )
 def test_seed_protocol_and_probe_settings_are_checked(kw, message):
@@ -157,9 +164,11 @@ def test_seed_protocol_and_probe_settings_are_checked(kw, message):
 
 def test_protocols_keep_their_canonical_order_and_seeds_reach_the_training_config():
     assert Settings(protocols=("past", "windows", "past")).protocols == ("windows", "past")
-    s = Settings(seed=3, seeds=4, copy_fraction=0.25)
+    s = Settings(seed=3, seeds=4, copy_fraction=0.25, passkey_fraction=0.5)
     assert s.train_config().seed == 3 and s.train_config(5).seed == 5
-    assert s.train_config().copy_fraction == 0.25
+    assert s.train_config().copy_fraction == 0.25 and s.train_config().passkey_fraction == 0.5
+    with pytest.raises(LabError, match="copy_fraction=0.5 and passkey_fraction=0.75 add up to 1.25"):
+        TrainConfig(copy_fraction=0.5, passkey_fraction=0.75)
     standard = PRESETS["standard"]
     assert standard.steps > PRESETS["quick"].steps  # longer training, everything else as quick
     same = {k: v for k, v in standard.to_json().items() if k not in ("steps", "ckpt_every")}

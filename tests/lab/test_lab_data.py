@@ -200,3 +200,28 @@ def test_copy_fraction_makes_that_share_of_rows_repeat_and_zero_changes_nothing(
     assert torch.equal(again[0], x)  # a pure function of (seed, step)
     x1, _ = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=1.0)
     assert torch.equal(x1[:, 9:], x1[:, :7])
+
+
+def test_passkey_fraction_makes_that_share_of_rows_passkey_prompts_and_keeps_the_copies():
+    tokens = (np.arange(20_000) * 7919 % 256).astype(np.uint8)
+    kw = dict(batch_size=64, seq_len=64, seed=1)
+    plain = batch_at(tokens, 3, **kw)
+    copies = batch_at(tokens, 3, copy_fraction=0.25, **kw)
+    both = batch_at(tokens, 3, copy_fraction=0.25, passkey_fraction=0.5, **kw)
+    window = torch.cat((both[0], both[1][:, -1:]), dim=1)
+    asked = torch.tensor([b'assert PASSKEY == "' in bytes(r) for r in window.tolist()])
+    repeated = (window[:, 33:] == window[:, :32]).all(dim=1)
+    # the copy rows are exactly those of a copy-only batch; the passkey rows are drawn from the rest
+    assert torch.equal(both[0][repeated], copies[0][repeated]) and not (asked & repeated).any()
+    untouched = ~asked & ~repeated
+    assert torch.equal(both[0][untouched], plain[0][untouched])
+    assert 16 <= int(asked.sum()) <= 48  # about half of 64
+    assert torch.equal(both[0][:, 1:], both[1][:, :-1])
+    # the answer is the last bytes of each passkey row: its key, as a target
+    for row in window[asked].tolist():
+        text = bytes(row).decode("latin-1")
+        assert text.rsplit('assert PASSKEY == "', 1)[1] == text.split('PASSKEY = "')[1].split('"')[0]
+    with pytest.raises(
+        CorpusError, match="copy_fraction=0.75 and passkey_fraction=0.5 add up to more than 1"
+    ):
+        batch_at(tokens, 3, copy_fraction=0.75, passkey_fraction=0.5, **kw)

@@ -8,15 +8,14 @@ import pytest
 import torch
 
 from posenc.lab.config import GPTConfig
-from posenc.lab.data import decode
 from posenc.lab.errors import LabError
 from posenc.lab.evaluate import (
     Row,
+    answered,
     evaluate,
     passkey_accuracy,
+    passkey_batch,
     passkey_hits,
-    passkey_min_length,
-    passkey_prompt,
     perplexities,
 )
 from posenc.lab.model import GPT
@@ -89,34 +88,86 @@ def test_non_rope_models_get_only_their_own_row_and_extensions_need_rope():
         perplexities(tiny("rope"), VAL, [16], train_len=8, extension="longer")
 
 
-def test_passkey_prompt_has_exact_length_and_hides_the_key():
-    for depth in (0.0, 0.5, 1.0):
-        ids, key = passkey_prompt(300, "73914", depth)
-        text = decode(ids)
-        assert len(ids) == 300
-        assert text.count("73914") == 2 and text.endswith("What is the pass key? The pass key is ")
-    first = decode(passkey_prompt(300, "11111", 0.0)[0]).index("11111")
-    last = decode(passkey_prompt(300, "11111", 1.0)[0]).index("11111")
-    assert first < last
-    with pytest.raises(LabError, match="too short"):
-        passkey_prompt(40, "12345", 0.5)
+class Retriever(GPT):
+    """A perfect retriever: after the question it predicts the digits that follow the needle's opening
+    quote (either prompt style), everywhere else byte 0. Passkey accuracy must be 1."""
+
+    OPENINGS = ('PASSKEY = "', "The pass key is ")
+    QUESTIONS = ('assert PASSKEY == "', "What is the pass key? The pass key is ")
+
+    def forward(self, x, cache=None):
+        logits = torch.zeros(*x.shape, 256)
+        logits[..., 0] = 1
+        for b, row in enumerate(x.tolist()):
+            text = bytes(row).decode("latin-1")
+            opening = next((o for o in self.OPENINGS if o in text), None)
+            if opening is None:  # not a passkey prompt (the perplexity protocols' windows)
+                continue
+            start = text.index(opening) + len(opening)
+            key = text[start : start + 5]
+            key = key[: next((i for i, c in enumerate(key) if not c.isdigit()), 5)]
+            question = next(q for q in self.QUESTIONS if q in text[start:])
+            asked = text.rindex(question) + len(question) - 1  # predicts the key's first byte
+            for j, digit in enumerate(key):
+                if asked + j < x.shape[1]:
+                    logits[b, asked + j] = 0
+                    logits[b, asked + j, ord(digit)] = 1
+        return logits
+
+
+def retriever():
+    torch.manual_seed(0)
+    return Retriever(GPTConfig(encoding="none", n_layer=1, n_head=2, d_model=16, max_len=8))
 
 
 def test_passkey_accuracy_counts_exact_matches():
-    class Oracle(GPT):
-        """Answers with whatever key the prompt holds: accuracy must be 1."""
-
-        def generate(self, prompt, n, **kw):
-            text = decode(prompt[0].tolist())
-            key = text.split("The pass key is ")[1][:n]
-            return torch.cat([prompt, torch.tensor([[ord(c) for c in key]])], dim=1)
-
-    torch.manual_seed(0)
-    oracle = Oracle(GPTConfig(encoding="none", n_layer=1, n_head=2, d_model=16, max_len=8))
-    assert passkey_accuracy(oracle, [150, 200], trials=3) == {150: 1.0, 200: 1.0}
+    assert passkey_accuracy(retriever(), [150, 200], trials=3) == {150: 1.0, 200: 1.0}
     acc = passkey_accuracy(tiny("rope"), [150], trials=2)
     assert 0.0 <= acc[150] <= 1.0
     assert passkey_accuracy(tiny("learned", max_len=8), [150], trials=1) == {150: None}
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "learned"])
+def test_answered_is_exactly_greedy_decoding(encoding):
+    """One teacher-forced pass decides what greedy decoding would produce: rows continued by the model's
+    own greedy bytes are answered, and changing any one answer byte makes them wrong."""
+    torch.manual_seed(1)
+    m = GPT(GPTConfig(encoding=encoding, n_layer=2, n_head=2, d_model=32, max_len=48)).eval()
+    prompts = torch.randint(0, 256, (6, 40))
+    greedy = m.generate(prompts, 4, temperature=0)
+    assert answered(m, greedy, 4).all()
+    for j in range(4):
+        wrong = greedy.clone()
+        wrong[:, 40 + j] = (wrong[:, 40 + j] + 1) % 256
+        assert not answered(m, wrong, 4).any()
+    assert answered(m, greedy, 4, tokens_per_batch=44).all()  # one row per forward pass
+
+
+def test_passkey_batch_is_drawn_per_length_and_fits_it():
+    rows, answer = passkey_batch(64, 5, digits=3, style="code", filler=VAL)
+    assert rows.shape == (5, 64) and answer == 3
+    again, _ = passkey_batch(64, 5, digits=3, style="code", filler=VAL)
+    assert torch.equal(rows, again)
+    for r in rows.tolist():
+        text = bytes(r).decode("latin-1")
+        key = text[-3:]
+        assert key.isdigit() and f'PASSKEY = "{key}"' in text and text[:-3].endswith('assert PASSKEY == "')
+    other_seed, _ = passkey_batch(64, 5, digits=3, seed=1, style="code", filler=VAL)
+    assert not torch.equal(rows, other_seed)
+
+
+def test_passkey_in_perplexities_is_a_share_per_length_and_none_where_too_short():
+    row = perplexities(retriever(), VAL, [16, 48, 64], train_len=16, max_tokens=256, passkey_trials=4)
+    assert row.passkey == {16: None, 48: 1.0, 64: 1.0}
+    m = tiny("rope", max_len=16)
+    plain = perplexities(m, VAL, [48], train_len=16, max_tokens=256, passkey_trials=6)
+    rows, answer = passkey_batch(48, 6, digits=3, style="code", filler=VAL)
+    assert plain.passkey[48] == answered(m, rows, answer).double().mean().item()
+    assert perplexities(m, VAL, [48], train_len=16, max_tokens=256).passkey == {}
+    learned = tiny("learned", max_len=16)
+    assert perplexities(learned, VAL, [48], train_len=16, max_tokens=256, passkey_trials=2).passkey == {
+        48: None
+    }
 
 
 def test_row_to_dict_is_the_json_row_of_eval_and_compare():
@@ -130,6 +181,7 @@ def test_row_to_dict_is_the_json_row_of_eval_and_compare():
         "gain",
         "copy_first",
         "copy_repeat",
+        "passkey",
         "note",
     ]
     assert d == {
@@ -140,6 +192,7 @@ def test_row_to_dict_is_the_json_row_of_eval_and_compare():
         "gain": {},
         "copy_first": {},
         "copy_repeat": {},
+        "passkey": {},
         "note": "why",
     }
     assert json.loads(json.dumps(d)) == d
@@ -198,26 +251,8 @@ def test_passkey_with_an_extension_leaves_the_model_as_it_was():
 
 
 def test_code_passkey_with_corpus_filler_fits_inside_a_short_training_length():
-    class Oracle(GPT):
-        """Answers with the digits after the last 'PASSKEY = "' of the prompt."""
-
-        def generate(self, prompt, n, **kw):
-            text = decode(prompt[0].tolist())
-            key = text.rsplit('PASSKEY = "', 1)[1][:n]
-            return torch.cat([prompt, torch.tensor([[ord(c) for c in key]])], dim=1)
-
-    assert (
-        passkey_min_length(3, "code") == len('\nPASSKEY = "123"\n') + len('\nassert PASSKEY == "') + 3 == 40
-    )
     filler = np.frombuffer(b"x = 1\n" * 100, dtype=np.uint8)
-    ids, key = passkey_prompt(61, "123", 0.0, style="code", filler=filler[10:])
-    assert len(ids) == 61 and decode(ids).startswith('\nPASSKEY = "123"\n')
-    assert decode(ids).endswith('\nassert PASSKEY == "') and "x = 1" in decode(ids)
-    torch.manual_seed(0)
-    oracle = Oracle(GPTConfig(encoding="none", n_layer=1, n_head=2, d_model=16, max_len=8))
-    hits = passkey_hits(oracle, [48, 64], trials=5, digits=3, style="code", filler=filler)
+    hits = passkey_hits(retriever(), [48, 64], trials=5, digits=3, style="code", filler=filler)
     assert hits == {48: 5, 64: 5}
     with pytest.raises(LabError, match="passkey filler has 30 tokens; length 48 needs more"):
-        passkey_hits(oracle, [48], trials=1, digits=3, style="code", filler=filler[:30])
-    with pytest.raises(LabError, match="passkey style='haiku' is not known; allowed: sentences, code"):
-        passkey_prompt(100, "1", 0.5, style="haiku")
+        passkey_hits(retriever(), [48], trials=1, digits=3, style="code", filler=filler[:30])

@@ -11,11 +11,13 @@ from posenc.lab.report import (
     extrapolation_figure,
     gain_table,
     markdown_table,
+    passkey_table,
     past_table,
     ratio,
     sliding_table,
     write_reports,
 )
+from posenc.lab.stats import wilson_interval
 
 PAYLOAD = {
     "train_len": 8,
@@ -119,7 +121,7 @@ def test_cells_show_mean_and_sd_when_there_is_a_spread():
 
 
 def test_write_reports_writes_the_four_files(tmp_path):
-    s = replace(PRESETS["tiny"], protocols=("windows", "past"), probe_windows=0)
+    s = replace(PRESETS["tiny"], protocols=("windows", "past"), probe_windows=0, passkey_trials=0)
     rows = [
         {
             "scheme": "alibi",
@@ -139,6 +141,7 @@ def test_write_reports_writes_the_four_files(tmp_path):
         "corpus": "/c",
         "seeds": 1,
         "protocols": ["windows", "past"],
+        "passkey_trials": 0,
         "provenance": prov,
         "results": [
             {
@@ -159,6 +162,7 @@ def test_write_reports_writes_the_four_files(tmp_path):
     assert table in md and "Wall time 12 s on cpu." in md and "| alibi | 2.70 | 2.60 |" in md
     assert "Protocol `windows`" in md and "Protocol `past`" in md
     assert "Protocol `sliding`" not in md and "Far-context gain" not in md and "Copy probe" not in md
+    assert "Passkey" not in md
     assert (tmp_path / "extrapolation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "details.json",
@@ -166,3 +170,30 @@ def test_write_reports_writes_the_four_files(tmp_path):
         "results.json",
         "results.md",
     ]
+
+
+def test_passkey_table_and_panel_show_the_wilson_interval_of_all_seeds_trials():
+    rows = [
+        {"scheme": "rope", "seeds": 1, "passkey": {"16": None, "64": 0.75, "128": 0.0}, "note": None},
+        {"scheme": "alibi", "seeds": 2, "passkey": {"16": None, "64": 0.5, "128": 0.25}, "note": None},
+    ]
+    table = passkey_table(rows, [16, 64, 128], 64, trials=20)
+    low, high = wilson_interval(15, 20)
+    assert table.splitlines()[0] == "| scheme | passkey@64 (1x) | passkey@128 (2x) |"
+    assert (
+        table.splitlines()[2]
+        == f"| rope | 0.75 [{low:.2f}, {high:.2f}] | 0.00 [0.00, {wilson_interval(0, 20)[1]:.2f}] |"
+    )
+    low, high = wilson_interval(20, 40)  # two seeds of 20 prompts each
+    assert table.splitlines()[3].startswith(f"| alibi | 0.50 [{low:.2f}, {high:.2f}] |")
+    assert passkey_table([{"scheme": "x", "passkey": {}}], [16], 16, trials=5) == ""
+    payload = {"train_len": 64, "eval_lens": [16, 64, 128], "passkey_trials": 20, "results": rows}
+    payload["results"] = [{**r, "ppl": {"64": 3.0}} for r in rows]
+    fig = extrapolation_figure(payload)
+    _, _, keys = fig.axes
+    assert [line.get_label() for line in keys.get_lines()][:2] == ["rope", "alibi"]
+    # the error bars reach the interval's ends
+    segments = [c for c in keys.collections if len(c.get_segments())]
+    ends = sorted(round(float(y), 6) for c in segments for seg in c.get_segments() for y in seg[:, 1])
+    assert round(wilson_interval(15, 20)[0], 6) in ends and round(wilson_interval(15, 20)[1], 6) in ends
+    assert len(extrapolation_figure({**payload, "passkey_trials": 0}).axes) == 2

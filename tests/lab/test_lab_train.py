@@ -190,3 +190,16 @@ def test_copy_fraction_changes_the_batches_and_is_part_of_the_run_state(corpus, 
     state = read_checkpoint(latest_checkpoint(tmp_path / "a"))[1]
     assert "copy_fraction" not in state["train"]
     assert train(MODEL, copying, tmp_path / "b", corpus=corpus, progress=False, resume=True).step == OPT.steps
+    assert "passkey_fraction" not in state["train"]
+
+
+def test_passkey_fraction_is_part_of_the_run_state_and_needs_room_for_the_prompt(corpus, tmp_path):
+    from dataclasses import replace
+
+    asking = replace(OPT, passkey_fraction=0.5)
+    with pytest.raises(LabError, match="passkey training mix needs windows of at least 36 bytes"):
+        train(MODEL, asking, tmp_path / "short", corpus=corpus, progress=False)
+    long = replace(MODEL, max_len=40)
+    train(long, asking, tmp_path / "a", corpus=corpus, progress=False, stop_after=2)
+    with pytest.raises(CheckpointError, match="train.passkey_fraction: checkpoint has 0.5, requested None"):
+        train(long, OPT, tmp_path / "a", corpus=corpus, progress=False, resume=True)

@@ -122,6 +122,7 @@ def cmd_train(args) -> int:
         weight_decay=args.weight_decay,
         grad_clip=args.grad_clip,
         copy_fraction=args.copy_fraction,
+        passkey_fraction=args.passkey_fraction,
     )
     first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one note rather than one per rank
     if args.resume and first_rank and latest_checkpoint(args.out) is None:
@@ -318,6 +319,8 @@ def cmd_compare(args) -> int:
         seeds=args.seeds,
         protocols=tuple(args.protocol) if args.protocol is not None else None,
         copy_fraction=args.copy_fraction,
+        passkey_fraction=args.passkey_fraction,
+        passkey_trials=args.passkey_trials,
     )
     result = run_compare(
         args.out,
@@ -373,6 +376,13 @@ def _add_train(subparsers) -> None:
         type=float,
         default=0.0,
         help="share of training windows whose second half repeats the first, 0..1",
+    )
+    p.add_argument(
+        "--passkey-fraction",
+        type=float,
+        default=0.0,
+        help="share of training windows made into passkey prompts with their answer (teaches retrieval), "
+        "0..1; with --copy-fraction at most 1 in all",
     )
     p.add_argument("--n-layer", type=_positive_int, default=4, help="transformer blocks")
     # 8 heads: ALiBi's slopes 2^(-8h/H) were chosen for 8 (Press et al. 2021), and docs/lab.md uses 8.
@@ -510,6 +520,18 @@ def _add_compare(subparsers) -> None:
         "--copy-fraction",
         type=float,
         help="share of training windows whose second half repeats the first, 0..1 (default: 0)",
+    )
+    p.add_argument(
+        "--passkey-fraction",
+        type=float,
+        help="share of training windows made into passkey prompts with their answer, so that the models "
+        "learn retrieval inside the training length, 0..1 (default: 0)",
+    )
+    p.add_argument(
+        "--passkey-trials",
+        type=int,
+        help="passkey prompts per length and model (a 3-digit key in corpus text); 0 skips passkey "
+        "(default: 40)",
     )
     _compile_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")

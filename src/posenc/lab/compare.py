@@ -134,6 +134,7 @@ def _run_task(
         protocols=s.protocols,
         sliding_tokens=s.sliding_tokens,
         probe_windows=s.probe_windows,
+        passkey_trials=s.passkey_trials,
     )
     row = {
         **r.to_dict(),

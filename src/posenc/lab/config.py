@@ -156,6 +156,17 @@ class GPTConfig:
 # ---------------------------------------------------------------------------------------------- training
 
 
+def check_mix(copy_fraction: float, passkey_fraction: float) -> None:
+    """The training mix: each share in [0, 1], together at most 1 (a window is one kind or the other)."""
+    check_number("copy_fraction", copy_fraction, low=0, high=1)
+    check_number("passkey_fraction", passkey_fraction, low=0, high=1)
+    if copy_fraction + passkey_fraction > 1:
+        raise LabError(
+            f"copy_fraction={copy_fraction} and passkey_fraction={passkey_fraction} add up to "
+            f"{copy_fraction + passkey_fraction}; the shares of the training mix must add up to at most 1"
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation settings. ``batch_size`` is the global batch (split across DDP ranks)."""
@@ -169,10 +180,11 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     copy_fraction: float = 0.0  # share of training windows whose second half repeats the first
+    passkey_fraction: float = 0.0  # share of training windows made into passkey prompts with the answer
 
     def __post_init__(self):
         check_int("steps", self.steps)
-        check_number("copy_fraction", self.copy_fraction, low=0, high=1)
+        check_mix(self.copy_fraction, self.passkey_fraction)
         check_int("batch_size", self.batch_size)
         check_int("warmup", self.warmup, minimum=0)
         check_number("lr", self.lr, low=0, low_open=True, finite=True)
@@ -211,14 +223,26 @@ class Settings:
     sliding_tokens: int = 2048  # tokens scored by the sliding protocol at each length
     probe_windows: int = 48  # windows per length of the far-context-gain and copy probes; 0: no probes
     copy_fraction: float = 0.0
+    passkey_fraction: float = 0.0
+    passkey_trials: int = 40  # passkey prompts per length (a 3-digit key, corpus filler); 0: none
 
     def __post_init__(self):
         check_int("seeds", self.seeds)
+        check_int("passkey_trials", self.passkey_trials, minimum=0)
         check_choices("protocols", self.protocols, PROTOCOLS)
         object.__setattr__(self, "protocols", tuple(p for p in PROTOCOLS if p in self.protocols))
         check_int("sliding_tokens", self.sliding_tokens)
         check_int("probe_windows", self.probe_windows, minimum=0)
-        check_number("copy_fraction", self.copy_fraction, low=0, high=1)
+        check_mix(self.copy_fraction, self.passkey_fraction)
+        if self.passkey_fraction:
+            from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length  # it imports this module
+
+            least = passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1
+            if self.train_len < least:
+                raise LabError(
+                    f"passkey_fraction={self.passkey_fraction} needs train_len >= {least} (a passkey prompt "
+                    f"and its answer in one training window); train_len is {self.train_len}"
+                )
         if not self.schemes:
             check_choices("schemes", self.schemes, sorted(ENCODINGS))  # the "is empty" message
         object.__setattr__(self, "schemes", expand_schemes(self.schemes))
@@ -249,6 +273,7 @@ class Settings:
             warmup=self.warmup,
             seed=self.seed if seed is None else seed,
             copy_fraction=self.copy_fraction,
+            passkey_fraction=self.passkey_fraction,
         )
 
     def to_json(self) -> dict:
@@ -271,6 +296,7 @@ PRESETS: dict[str, Settings] = {
         ckpt_every=2,
         sliding_tokens=64,
         probe_windows=4,
+        passkey_trials=4,
     ),
     # The default: every scheme on a laptop CPU (docs/lab.md has the measured wall time).
     "quick": Settings(),

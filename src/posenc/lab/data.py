@@ -226,6 +226,7 @@ def batch_at(
     seq_len: int,
     seed: int,
     copy_fraction: float = 0.0,
+    passkey_fraction: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted.
 
@@ -235,7 +236,10 @@ def batch_at(
 
     ``copy_fraction``: each row is, with this probability, a repeated segment (:func:`repeat_rows`): its
     first ``ceil((seq_len + 1) / 2)`` tokens again after themselves, a task only attention to far
-    tokens can solve. The draws come after the starts, so 0 gives exactly the batches of before.
+    tokens can solve. ``passkey_fraction``: each other row is, with this probability, a passkey prompt
+    with its answer built from its own bytes (:func:`posenc.lab.passkey.passkey_rows`); the two shares
+    add up to at most 1. The draws come after the starts, so 0 and 0 give exactly the batches of before,
+    and a copy share alone the batches it gave before the passkey share existed.
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
@@ -247,9 +251,19 @@ def batch_at(
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
-    if copy_fraction > 0:
-        copies = torch.rand(batch_size, generator=gen) < copy_fraction
+    if copy_fraction > 0 or passkey_fraction > 0:
+        if copy_fraction + passkey_fraction > 1:
+            raise CorpusError(
+                f"copy_fraction={copy_fraction} and passkey_fraction={passkey_fraction} add up to more than 1"
+            )
+        u = torch.rand(batch_size, generator=gen)
+        copies = u < copy_fraction
         window[copies] = repeat_rows(window[copies])
+        if passkey_fraction > 0:
+            from posenc.lab.passkey import passkey_rows  # it needs lab.config, which imports this module
+
+            keys = ~copies & (u < copy_fraction + passkey_fraction)
+            window[keys] = passkey_rows(window[keys], gen)
     return window[:, :-1], window[:, 1:]
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,11 +31,12 @@ import torch
 import torch.nn.functional as F
 
 import posenc
-from posenc.lab.config import check_choice, check_int, check_lengths
-from posenc.lab.data import decode, encode, sliding_windows, windows
+from posenc.lab.config import check_lengths
+from posenc.lab.data import encode, sliding_windows, windows
 from posenc.lab.encodings import EXTENSIONS, extensions_for
 from posenc.lab.errors import LabError
 from posenc.lab.model import GPT, eval_extension
+from posenc.lab.passkey import check_passkey_lengths, passkey_min_length, passkey_prompt
 from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
 
 __all__ = [
@@ -44,11 +44,10 @@ __all__ = [
     "METRICS",
     "Row",
     "evaluate",
-    "PASSKEY_FILLERS",
-    "PASSKEY_STYLES",
+    "answered",
     "passkey_accuracy",
+    "passkey_batch",
     "passkey_hits",
-    "passkey_prompt",
     "perplexities",
     "position_losses",
 ]
@@ -75,7 +74,11 @@ def position_losses(model: GPT, data: torch.Tensor, *, tokens_per_batch: int = 1
 # The copy probe runs at evaluation lengths up to this multiple of the training length.
 COPY_PROBE_MAX_MULT = 2
 # Row fields holding a value per length, in the order results.json lists them.
-METRICS = ("ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat")
+METRICS = ("ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "passkey")
+# The passkey the comparison asks at each length: a 3-digit key in the code prompt, corpus filler, the
+# same prompts for every model (docs/lab.md).
+PASSKEY_DIGITS = 3
+PASSKEY_STYLE = "code"
 
 
 @dataclass
@@ -84,8 +87,9 @@ class Row:
 
     ``ppl``: the windows protocol; ``ppl_past``: its positions at or past the training length;
     ``ppl_sliding``: the sliding protocol (:mod:`posenc.lab.evaluate`'s docstring); ``gain``: far-context
-    gain; ``copy_first`` / ``copy_repeat``: the copy probe (:mod:`posenc.lab.probes`). A protocol that was
-    not run leaves its dict empty.
+    gain; ``copy_first`` / ``copy_repeat``: the copy probe (:mod:`posenc.lab.probes`); ``passkey``: the
+    share of passkey prompts answered exactly (None where the length is too short for the prompt). A
+    protocol that was not run leaves its dict empty.
     """
 
     scheme: str
@@ -95,6 +99,7 @@ class Row:
     gain: dict[int, float | None] = field(default_factory=dict)
     copy_first: dict[int, float | None] = field(default_factory=dict)
     copy_repeat: dict[int, float | None] = field(default_factory=dict)
+    passkey: dict[int, float | None] = field(default_factory=dict)
     note: str | None = None
 
     def to_dict(self) -> dict:
@@ -119,6 +124,7 @@ def perplexities(
     sliding_tokens: int = 2048,
     probe_windows: int = 0,
     probe_last: int = 32,
+    passkey_trials: int = 0,
 ) -> Row:
     """Perplexity of ``model`` at each length in ``eval_lens`` under each protocol, and the probes.
 
@@ -133,6 +139,8 @@ def perplexities(
             those after the first ``max(eval_lens)``).
         probe_windows: windows per length for the far-context gain and copy probes; 0 skips them.
         probe_last: how many last tokens of each window the gain probe scores.
+        passkey_trials: passkey prompts per length (:data:`PASSKEY_DIGITS` digits, :data:`PASSKEY_STYLE`
+            prompt, filler from ``val``; the same prompts for every model); 0 skips them.
     """
     eval_lens = check_lengths("eval_lens", eval_lens)
     row = Row(scheme=model.cfg.encoding + (f"+{extension}" if extension else ""))
@@ -148,6 +156,8 @@ def perplexities(
                 )
                 if probe_windows:
                     _probes(row, run, losses, val, length, train_len, probe_windows, probe_last)
+                if passkey_trials:
+                    row.passkey[length] = _passkey(model, val, length, passkey_trials)
             except posenc.PositionError as e:
                 for name in METRICS:
                     getattr(row, name).setdefault(length, None)
@@ -184,6 +194,14 @@ def _probes(row: Row, run, losses, val, length, train_len, n_windows, last) -> N
         )
 
 
+def _passkey(model: GPT, val: np.ndarray, length: int, trials: int) -> float | None:
+    """The share of ``trials`` passkey prompts of ``length`` answered exactly; None when too short."""
+    if length < passkey_min_length(PASSKEY_DIGITS, PASSKEY_STYLE):
+        return None
+    rows, answer = passkey_batch(length, trials, digits=PASSKEY_DIGITS, style=PASSKEY_STYLE, filler=val)
+    return answered(model, rows, answer).double().mean().item()
+
+
 def evaluate(
     model: GPT,
     val: np.ndarray,
@@ -197,7 +215,8 @@ def evaluate(
 ) -> list[Row]:
     """The model's own row, plus one row per eval-time extension that applies to its scheme.
 
-    ``measures``: :func:`perplexities`' protocols, sliding_tokens, probe_windows, probe_last.
+    ``measures``: :func:`perplexities`' protocols, sliding_tokens, probe_windows, probe_last,
+    passkey_trials.
     """
     methods = [None, *extensions_for(model.cfg.encoding, extensions)]
     return [
@@ -217,70 +236,57 @@ def evaluate(
 
 # ---------------------------------------------------------------------------------------------- passkey
 
-_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
-# Prompt styles: (needle with the key, the question whose continuation is the key).
-# "sentences": Mohtashami & Jaggi 2023 (landmark attention, arxiv.org/abs/2305.16300), 87 bytes of
-# needle and question around the key, more than the quick preset's whole training length.
-# "code": the same retrieval as a Python assignment and a later use of the name (34 bytes), so that a
-# model trained at 64 bytes on code can be asked inside its training length, with the corpus as filler.
-PASSKEY_STYLES: dict[str, tuple[str, str]] = {
-    "sentences": (
-        "The pass key is {key}. Remember it. {key} is the pass key. ",
-        "What is the pass key? The pass key is ",
-    ),
-    "code": ('\nPASSKEY = "{key}"\n', '\nassert PASSKEY == "'),
-}
-PASSKEY_FILLERS = ("repeat", "corpus")
+def passkey_batch(
+    length: int,
+    trials: int,
+    *,
+    digits: int,
+    seed: int = 0,
+    style: str = "code",
+    filler: np.ndarray | None = None,
+) -> tuple[torch.Tensor, int]:
+    """``trials`` passkey prompts of ``length`` bytes *with their answers*: ``(trials, length)`` int64 and
+    the number of answer bytes at the end (``digits``).
 
-
-def passkey_min_length(digits: int = 5, style: str = "sentences") -> int:
-    """The shortest passkey length (bytes): the needle, the question and the ``digits`` answer bytes."""
-    needle, question = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
-    return len(needle.format(key="0" * digits)) + len(question) + digits
-
-
-def check_passkey_lengths(lengths, digits: int = 5, style: str = "sentences") -> list[int]:
-    """``lengths`` sorted, when each is a positive integer that fits a passkey prompt; else a LabError."""
-    check_int("passkey digits", digits)
-    lengths = check_lengths("passkey lengths", lengths)
-    least = passkey_min_length(digits, style)
-    short = [n for n in lengths if n < least]
-    if short:
-        raise LabError(
-            f"passkey lengths {short} are too short: with a {digits}-digit key the {style!r} prompt and the "
-            f"answer need at least {least} bytes"
-        )
-    return lengths
-
-
-def passkey_prompt(
-    length: int, key: str, depth: float, *, style: str = "sentences", filler: Sequence[int] | None = None
-) -> tuple[list[int], str]:
-    """A prompt of exactly ``length`` bytes hiding ``key`` at relative ``depth`` (0 start, 1 end) of filler.
-
-    Filler, the needle (``PASSKEY_STYLES[style]``, holding the key) somewhere inside, and the question at
-    the end; the answer is the next ``len(key)`` bytes. ``filler``: the filler's token ids (at least as
-    many as there is room for), e.g. a stretch of the validation text; default, repeated sentences.
+    The keys, depths and (with ``filler``, a token array such as the validation split) the filler's
+    offsets are drawn from ``(seed, length)``, so a length's prompts do not depend on which other
+    lengths are asked.
     """
-    needle_text, question_text = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
-    needle, question = encode(needle_text.format(key=key)), encode(question_text)
-    room = length - len(needle) - len(question)
-    if room < 0:
-        raise LabError(
-            f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes"
-        )
-    if filler is None:
-        fill = encode((_FILLER * (room // len(_FILLER) + 1))[:room])
-    else:
-        fill = [int(t) for t in filler[:room]]
-        if len(fill) < room:
-            raise LabError(f"passkey filler has {len(fill)} tokens; the prompt needs {room}")
-    cut = int(round(depth * room))
-    return fill[:cut] + needle + fill[cut:] + question, key
+    rng = random.Random(f"passkey-{seed}-{length}")
+    if filler is not None and len(filler) < length:
+        raise LabError(f"passkey filler has {len(filler)} tokens; length {length} needs more")
+    rows = []
+    for _ in range(trials):
+        key = "".join(rng.choice("0123456789") for _ in range(digits))
+        depth = rng.random()
+        fill = None
+        if filler is not None:
+            start = rng.randrange(len(filler) - length + 1)
+            fill = filler[start : start + length]
+        ids, key = passkey_prompt(length - digits, key, depth, style=style, filler=fill)
+        rows.append(ids + encode(key))
+    return torch.tensor(rows, dtype=torch.int64), digits
 
 
 @torch.no_grad()
+def answered(model: GPT, rows: torch.Tensor, answer: int, *, tokens_per_batch: int = 65536) -> torch.Tensor:
+    """Which prompts-with-answers ``rows`` ``(N, T)`` the model answers exactly: ``(N,)`` bool.
+
+    Greedy decoding reproduces the last ``answer`` bytes exactly if and only if each of them is the
+    argmax given the bytes before it, so one teacher-forced forward pass decides it (for a causal
+    model; randomized positions are drawn once for the whole length T).
+    """
+    device = next(model.parameters()).device
+    n, t = rows.shape
+    out = []
+    for i in range(0, n, max(1, tokens_per_batch // t)):
+        chunk = rows[i : i + max(1, tokens_per_batch // t)].to(device)
+        guess = model(chunk[:, :-1])[:, -answer:].argmax(-1)
+        out.append((guess == chunk[:, -answer:]).all(dim=1).cpu())
+    return torch.cat(out)
+
+
 def passkey_hits(
     model: GPT,
     lengths: list[int],
@@ -293,36 +299,20 @@ def passkey_hits(
     filler: np.ndarray | None = None,
 ) -> dict[int, int | None]:
     """How many of ``trials`` prompts at each length the model answers with exactly the hidden key
-    (greedy decoding); None where the model cannot be run (a learned table past its length).
+    (greedy decoding, :func:`answered`); None where the model cannot be run (a learned table past its
+    length).
 
-    The prompt and the ``digits`` generated bytes together fill the length; the key's digits, its depth
-    and (with ``filler``, a token array such as the validation split) the filler's offset are drawn from
-    ``seed``. With ``extension`` the factor is length / the model's training length.
+    The prompt and the ``digits`` answer bytes together fill the length (:func:`passkey_batch`). With
+    ``extension`` the factor is length / the model's training length.
     """
     lengths = check_passkey_lengths(lengths, digits, style)
-    rng = random.Random(seed)
-    device = next(model.parameters()).device
     train_len = model.cfg.max_len
     result: dict[int, int | None] = {}
     for length in lengths:
+        rows, answer = passkey_batch(length, trials, digits=digits, seed=seed, style=style, filler=filler)
         with eval_extension(model, extension, length / train_len, train_len):
-            hits = 0
             try:
-                for _ in range(trials):
-                    key = "".join(rng.choice("0123456789") for _ in range(digits))
-                    depth = rng.random()
-                    fill = None
-                    if filler is not None:
-                        if len(filler) < length:
-                            raise LabError(
-                                f"passkey filler has {len(filler)} tokens; length {length} needs more"
-                            )
-                        start = rng.randrange(len(filler) - length + 1)
-                        fill = filler[start : start + length]
-                    ids, key = passkey_prompt(length - digits, key, depth, style=style, filler=fill)
-                    out = model.generate(torch.tensor([ids], device=device), digits, temperature=0)
-                    hits += decode(out[0, len(ids) :].tolist()) == key
-                result[length] = hits
+                result[length] = int(answered(model, rows, answer).sum())
             except posenc.PositionError:
                 result[length] = None
     return result

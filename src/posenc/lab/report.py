@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.config import Settings
+from posenc.lab.evaluate import PASSKEY_DIGITS, PASSKEY_STYLE
+from posenc.lab.stats import wilson_interval
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -26,6 +28,7 @@ __all__ = [
     "extrapolation_figure",
     "gain_table",
     "markdown_table",
+    "passkey_table",
     "past_table",
     "ratio",
     "results_payload",
@@ -42,6 +45,7 @@ _MEASURES = {
     "gain": "probe",
     "copy_first": "probe",
     "copy_repeat": "probe",
+    "passkey": "passkey",
 }
 
 
@@ -137,9 +141,32 @@ def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     return _table(head, body, text_columns=1)
 
 
+def passkey_table(rows: list[dict], eval_lens: list[int], train_len: int, trials: int) -> str:
+    """Passkey accuracy at each length where it was measured, with its 95% Wilson interval over the
+    ``trials`` prompts of every seed together ("" when none was measured)."""
+    eval_lens = [n for n in eval_lens if any(r.get("passkey", {}).get(str(n)) is not None for r in rows)]
+    if not eval_lens:
+        return ""
+    head = ["scheme"] + [_length_head(n, train_len, "passkey") for n in eval_lens]
+    body = []
+    for r in rows:
+        cells = [r["scheme"]]
+        for n in eval_lens:
+            accuracy = r.get("passkey", {}).get(str(n))
+            if accuracy is None:
+                cells.append("n/a")
+                continue
+            asked = trials * r.get("seeds", 1)
+            low, high = wilson_interval(round(accuracy * asked), asked)
+            cells.append(f"{accuracy:.2f} [{low:.2f}, {high:.2f}]")
+        body.append(cells)
+    return _table(head, body, text_columns=1)
+
+
 def _measured(settings: Settings) -> list[str]:
     """The measures of ``_MEASURES`` that ``settings`` asks for."""
     wanted = set(settings.protocols) | ({"probe"} if settings.probe_windows else set())
+    wanted |= {"passkey"} if settings.passkey_trials else set()
     return [name for name, need in _MEASURES.items() if need is None or need in wanted]
 
 
@@ -174,6 +201,7 @@ def results_payload(
         "corpus": corpus,
         "seeds": settings.seeds,
         "protocols": list(settings.protocols),
+        "passkey_trials": settings.passkey_trials,
         "provenance": provenance,
         "results": [row(r) for r in rows],
     }
@@ -231,6 +259,23 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
             copies,
             "",
         ]
+    keys = passkey_table(rows, lens, L, s.passkey_trials) if s.passkey_trials else ""
+    if keys:
+        md += [
+            f"Passkey retrieval: {s.passkey_trials} prompts per length{' and seed' if s.seeds > 1 else ''}, "
+            f"a {PASSKEY_DIGITS}-digit key hidden at a random depth of validation text in a "
+            f"{PASSKEY_STYLE!r} prompt, answered exactly by greedy decoding; accuracy [95% Wilson "
+            f"interval]{' over all seeds' if s.seeds > 1 else ''}"
+            + (
+                f" (trained with a passkey share of {s.passkey_fraction})"
+                if s.passkey_fraction
+                else " (trained without passkey prompts: expect 0, see docs/lab.md)"
+            )
+            + ":",
+            "",
+            keys,
+            "",
+        ]
     return "\n".join(md)
 
 
@@ -266,48 +311,71 @@ def _points(r: dict, name: str) -> tuple[list[int], list[float], list[float]]:
     return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
 
 
+def _passkey_interval(r: dict, trials: int) -> tuple[list[int], list[float], list[list[float]]]:
+    """Lengths, accuracies and ``[below, above]`` distances to the 95% Wilson interval (all seeds' trials)."""
+    xs, ys, _ = _points(r, "passkey")
+    asked = trials * r.get("seeds", 1)
+    bounds = [wilson_interval(round(y * asked), asked) for y in ys]
+    below = [y - low for y, (low, _) in zip(ys, bounds, strict=True)]
+    above = [high - y for y, (_, high) in zip(ys, bounds, strict=True)]
+    return xs, ys, [below, above]
+
+
 def extrapolation_figure(payload: dict) -> Figure:
-    """Two panels: perplexity vs evaluation length (log-log), and far-context gain vs length.
+    """Perplexity vs evaluation length (log-log) and far-context gain vs length; passkey accuracy vs length
+    as a third panel when it was measured.
 
     ``payload`` is the content of results.json. One line per scheme, extensions (``scheme+X``) dashed,
-    error bars of one seed sd where there are several seeds, the training length marked; schemes with
-    nothing finite to draw are left out of a panel. The figure is not attached to pyplot.
+    error bars of one seed sd where there are several seeds (the 95% Wilson interval for passkey
+    accuracy), the training length marked; schemes with nothing finite to draw are left out of a panel.
+    The figure is not attached to pyplot.
     """
     from matplotlib import colormaps
     from matplotlib.figure import Figure  # the lab's optional dependency, imported when used
 
     rows = payload["results"]
-    # 20 distinct colours (ten would repeat with `--schemes all`), one per row in both panels; one legend
-    # for both, below them, so that no line is hidden behind it
+    trials = payload.get("passkey_trials") or 0
+    names = ["ppl", "gain"] + (["passkey"] if trials and any(_points(r, "passkey")[0] for r in rows) else [])
+    # 20 distinct colours (ten would repeat with `--schemes all`), one per row in every panel; one legend
+    # for all, below them, so that no line is hidden behind it
     colours = colormaps["tab20"].colors
     legend_rows = math.ceil((len(rows) + 1) / 6)
-    fig = Figure(figsize=(12, 4.5 + 0.22 * legend_rows))
-    ax, gx = fig.subplots(1, 2)
+    fig = Figure(figsize=(6 * len(names), 4.5 + 0.22 * legend_rows))
+    panels = dict(zip(names, fig.subplots(1, len(names)), strict=True))
+    ax, gx = panels["ppl"], panels["gain"]
     train_len = payload["train_len"]
     for i, r in enumerate(rows):
         style = "--" if "+" in r["scheme"] else "-"
-        for panel, name in ((ax, "ppl"), (gx, "gain")):
-            xs, ys, sds = _points(r, name)
+        colour = colours[(2 * i) % 20 + (2 * i) // 20 % 2]  # dark shades first, then the light ones
+        for name, panel in panels.items():
+            if name == "passkey":
+                xs, ys, bars = _passkey_interval(r, trials)
+            else:
+                xs, ys, sds = _points(r, name)
+                bars = sds if any(sds) else None
             if not xs:
                 continue
-            colour = colours[(2 * i) % 20 + (2 * i) // 20 % 2]  # dark shades first, then the light ones
             panel.plot(xs, ys, style, marker="o", color=colour, label=r["scheme"])
-            if any(sds):
-                panel.errorbar(xs, ys, yerr=sds, fmt="none", ecolor=colour, capsize=0)
+            if bars is not None:
+                panel.errorbar(xs, ys, yerr=bars, fmt="none", ecolor=colour, capsize=0)
     ax.axvline(train_len, color="grey", lw=1, ls=":", label=f"train length {train_len}")
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("perplexity (bytes)")
     ax.set_title("Length extrapolation: trained short, evaluated long")
     reference = gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
-    gx.set_xscale("log", base=2)
-    gx.set_xlabel("evaluation length (tokens)")
     gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
     gx.set_title("Far-context gain: above 1, tokens past the training length help")
-    for panel in (ax, gx):
-        panel.grid(True, which="both", alpha=0.3)
     gx.legend(handles=[reference], fontsize=8)
+    if "passkey" in panels:
+        px = panels["passkey"]
+        px.axvline(train_len, color="grey", lw=1, ls=":")
+        px.set_ylim(-0.03, 1.03)
+        px.set_ylabel("passkey accuracy (95% Wilson interval)")
+        px.set_title("Passkey retrieval: a key hidden in the text")
+    for panel in panels.values():
+        panel.set_xscale("log", base=2)
+        panel.set_xlabel("evaluation length (tokens)")
+        panel.grid(True, which="both", alpha=0.3)
     inch = 1.0 / fig.get_figheight()  # one inch in figure coordinates
     ax.legend(
         loc="upper center",
@@ -318,7 +386,11 @@ def extrapolation_figure(payload: dict) -> Figure:
         frameon=False,
     )
     fig.subplots_adjust(
-        left=0.08, right=0.98, top=0.93, bottom=(0.7 + 0.22 * legend_rows) * inch, wspace=0.25
+        left=0.08 / len(names) * 2,
+        right=0.98,
+        top=0.93,
+        bottom=(0.7 + 0.22 * legend_rows) * inch,
+        wspace=0.25,
     )
     return fig
 

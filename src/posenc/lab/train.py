@@ -207,6 +207,7 @@ class _Run:
             seq_len=self.seq,
             seed=self.cfg.seed,
             copy_fraction=self.cfg.copy_fraction,
+            passkey_fraction=self.cfg.passkey_fraction,
         )
         per_rank = self.cfg.batch_size // self.procs.world
         rows = slice(self.procs.rank * per_rank, (self.procs.rank + 1) * per_rank)
