@@ -373,3 +373,59 @@ def test_compiles_fullgraph_and_equals_eager(fresh_dynamo):
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-4)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize(
+    "mode, centre", [("unrotated", None), ("unrotated", 5.0), ("rerotate", 5.0), ("hf", 5.0)]
+)
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_rotary_kv_cache_decodes_xpos_as_the_full_forward(mode, centre, layout):
+    """Token by token through RotaryKVCache equals the full forward's attention at every length: the
+    queries are scaled as queries, the keys as keys, about one centre (the fixed one, or in "unrotated"
+    mode the middle of the keys, as a full forward pass over them)."""
+    length = 11
+    q, k, v = _randn(1, 4, length, 8), _randn(1, 2, length, 8, seed=1), _randn(1, 2, length, 8, seed=2)
+    xpos = XPos(8, layout=layout, scale_base=8, centre=centre)
+    cache = posenc.RotaryKVCache(xpos, mode)
+    prefill = 4
+    q_rot, keys, values = cache.update(q[..., :prefill, :], k[..., :prefill, :], v[..., :prefill, :])
+    first = posenc.attention(q_rot, keys, values)
+    full = posenc.attention(q[..., :prefill, :], k[..., :prefill, :], v[..., :prefill, :], rotary=xpos)
+    torch.testing.assert_close(first, full, rtol=1e-12, atol=1e-12)
+    for t in range(prefill, length):
+        q_rot, keys, values = cache.update(q[..., t : t + 1, :], k[..., t : t + 1, :], v[..., t : t + 1, :])
+        full = posenc.attention(q[..., : t + 1, :], k[..., : t + 1, :], v[..., : t + 1, :], rotary=xpos)
+        torch.testing.assert_close(
+            posenc.attention(q_rot, keys, values), full[..., -1:, :], rtol=1e-12, atol=1e-12
+        )
+        expected = R.xpos(
+            k[..., : t + 1, :].numpy(),
+            np.arange(t + 1),
+            "k",
+            (t + 1) // 2 if centre is None else centre,
+            scale_base=8,
+            layout=layout,
+        )
+        np.testing.assert_allclose(keys.numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_rotary_kv_cache_refuses_to_keep_xpos_keys_scaled_without_a_fixed_centre():
+    for mode in ("rerotate", "hf"):
+        with pytest.raises(ValueError, match=f"mode='{mode}' caches xPos keys already scaled.*centre=c"):
+            posenc.RotaryKVCache(XPos(8), mode)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_rerotate_keys_moves_xpos_keys_with_their_scale(layout):
+    """Keys at p shifted by delta are the keys at p + delta (posenc.reference.xpos), scale included."""
+    xpos = XPos(8, rotary_dim=6, layout=layout, scale_base=16)
+    k = _randn(2, 3, 7, 8, seed=3)
+    p = np.arange(7) + 10.0
+    keys = torch.from_numpy(R.xpos(k.numpy(), p, "k", 12.0, scale_base=16, layout=layout, rotary_dim=6))
+    for delta in (-4, 2.5, torch.tensor([[0.0, -1, 2, 3, -5, 6, 7]] * 2)):
+        moved = posenc.rerotate_keys(keys, delta, xpos)
+        shift = delta.numpy() if isinstance(delta, torch.Tensor) else delta
+        expected = R.xpos(k.numpy(), p + shift, "k", 12.0, scale_base=16, layout=layout, rotary_dim=6)
+        np.testing.assert_allclose(moved.numpy(), expected, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="the shift is too long for it; shift less or use a wider dtype"):
+        posenc.rerotate_keys(keys.half(), 20_000, xpos)

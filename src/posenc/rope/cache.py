@@ -23,6 +23,13 @@ forward pass at the same length.
   context), one rotation of the cache when it changes.
 - ``"hf"``: transformers' behaviour, for comparison.
 
+xPos (:class:`posenc.XPos`, Sun et al. 2022) scales queries and keys about a centre c as well as
+rotating them. The cache scales the new queries as queries and the keys as keys, with the module's fixed
+centre; without one, ``"unrotated"`` uses the centre a full forward pass over the cached length would
+(the middle of the keys), and the modes that keep scaled keys refuse it, since keys scaled with one
+centre only meet queries scaled with the same one. :func:`rerotate_keys` given an XPos moves the keys'
+scale with their position too.
+
 For a single attention layer "unrotated" and "rerotate" make token-by-token decoding equal a full forward
 pass. In a deep model the hidden states of earlier tokens, and so the keys and values of later layers,
 were still computed when the sequence was shorter; no cache can change that without recomputing them.
@@ -36,6 +43,7 @@ from .. import _checks
 from ..kernels import apply_rotary
 from .embedding import RotaryEmbedding
 from .table import align_to, cos_sin_of
+from .xpos import XPos, check_fits
 
 __all__ = ["RotaryKVCache", "rerotate_keys", "rerotate_schedule", "same_schedule"]
 
@@ -60,6 +68,12 @@ class RotaryKVCache:
             raise ValueError(f"rotary must be a posenc.RotaryEmbedding, got {type(rotary).__name__}")
         self.rotary = rotary
         self.mode = _checks.one_of("mode", mode, MODES)
+        if isinstance(rotary, XPos) and rotary.centre is None and self.mode != "unrotated":
+            raise ValueError(
+                f"mode={mode!r} caches xPos keys already scaled, which only meet queries scaled about the "
+                "same centre: give the XPos a fixed centre (XPos(..., centre=c), c near the middle of the "
+                "positions you expect) or use mode='unrotated'"
+            )
         self.keys: torch.Tensor | None = None  # rotated (rerotate, hf) or not (unrotated)
         self.values: torch.Tensor | None = None
         self._schedule: tuple[torch.Tensor, float] | None = (
@@ -94,17 +108,26 @@ class RotaryKVCache:
         total = start + k.shape[-2]
         rot = self.rotary
         schedule = rot.frequencies(total)  # the schedule a full forward pass over `total` tokens uses
-        q_rot = rot.rotate(q, offset=start, context_len=total)
+        q_rot = self._rotate(q, start, total, "q")
         self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
         if self.mode == "unrotated":
             self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
-            return q_rot, rot.rotate(self.keys, context_len=total), self.values
+            return q_rot, self._rotate(self.keys, 0, total, "k"), self.values
         if self.mode == "rerotate" and self.keys is not None and not same_schedule(schedule, self._schedule):
             self.keys = rerotate_schedule(self.keys, self._schedule, schedule, rot.layout)
-        k_rot = rot.rotate(k, offset=start, context_len=total)
+        k_rot = self._rotate(k, start, total, "k")
         self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
         self._schedule = schedule
         return q_rot, self.keys, self.values
+
+    def _rotate(self, x: torch.Tensor, offset: int, total: int, kind: str) -> torch.Tensor:
+        """x rotated at positions offset.. as the rotary of a full forward pass over ``total`` tokens would;
+        for xPos also scaled as queries or keys (``kind``) about that pass's centre."""
+        rot = self.rotary
+        if not isinstance(rot, XPos):
+            return rot.rotate(x, offset=offset, context_len=total)
+        centre = rot.centre if rot.centre is not None else total // 2  # keys 0..total-1: their middle
+        return rot.rotate(x, offset=offset, context_len=total, kind=kind, centre=centre)
 
 
 def rerotate_keys(
@@ -130,6 +153,8 @@ def rerotate_keys(
 
     Returns:
         keys rotated by delta * omega_k in every pair, same shape and dtype. Angles are formed in float64.
+        With an :class:`posenc.XPos` as ``rotary`` the keys' scale moves as well: each pair is multiplied by
+        zeta_i^(-delta / scale_base), the factor between a key's scale at p and at p + delta.
     """
     _checks.tensor_rank("keys", keys, 2)
     if rotary is not None and not isinstance(rotary, RotaryEmbedding):
@@ -158,7 +183,15 @@ def rerotate_keys(
     if d.dim() == 0:
         d = d.expand(seq)
     work = torch.float64 if keys.dtype == torch.float64 else torch.float32
-    cos, sin = align_to(*cos_sin_of(d, inv64, 1.0, work), keys, "delta")
+    cos, sin = cos_sin_of(d, inv64, 1.0, work)
+    if isinstance(rotary, XPos):
+        scale = rotary.scale(d, 0.0, "k")  # zeta^((0 - delta) / B): key scales at p + delta over those at p
+        if _checks.can_read(scale) and scale.numel():
+            check_fits(
+                keys.dtype, work, scale, "the shift is too long for it; shift less or use a wider dtype"
+            )
+        cos, sin = cos * scale.to(work), sin * scale.to(work)
+    cos, sin = align_to(cos, sin, keys, "delta")
     return apply_rotary(keys, cos, sin, layout=layout)
 
 

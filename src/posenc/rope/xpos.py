@@ -153,7 +153,11 @@ class XPos(RotaryEmbedding):
         still the transpose: (s R(theta))^T = s R(-theta)."""
         s = self.scale(positions, centre, kind)
         if _checks.can_read(s) and s.numel():
-            _check_fits(x.dtype, cos.dtype, s, centre)
+            why = (
+                f"positions lie too far from the centre {centre!r}; pass a centre nearer the positions "
+                "(default: the middle of the keys) or use a wider dtype"
+            )
+            check_fits(x.dtype, cos.dtype, s, why)
         s = s.to(cos.dtype)
         s, _ = align_to(s, s, x, "centre/positions")
         return cos * s, sin * s
@@ -163,16 +167,13 @@ class XPos(RotaryEmbedding):
         return s + ("" if self.centre is None else f", centre={self.centre:g}")
 
 
-def _check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor, centre) -> None:
-    """Refuse factors the output dtype cannot hold: they would come back as inf and give NaN scores."""
+def check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor, why: str) -> None:
+    """Refuse factors the output dtype cannot hold: they would come back as inf and give NaN scores.
+    ``why``: what makes them so large and what to do, for the message."""
     limit = min(torch.finfo(dtype).max, torch.finfo(table_dtype).max)
     worst = float(torch.maximum(scale.amax(), 1.0 / scale.amin()))
     if worst > limit:
-        raise ValueError(
-            f"xPos factors reach {worst:.3g}, past {dtype}'s largest {limit:.3g}: positions lie too far from "
-            f"the centre {centre!r}; pass a centre nearer the positions (default: the middle of the keys) "
-            "or use a wider dtype"
-        )
+        raise ValueError(f"xPos factors reach {worst:.3g}, past {dtype}'s largest {limit:.3g}: {why}")
 
 
 def blockwise_causal_mask(
