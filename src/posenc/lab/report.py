@@ -156,11 +156,17 @@ def passkey_table(rows: list[dict], eval_lens: list[int], train_len: int, trials
             if accuracy is None:
                 cells.append("n/a")
                 continue
-            asked = trials * r.get("seeds", 1)
-            low, high = wilson_interval(round(accuracy * asked), asked)
+            low, high = _wilson(r, accuracy, trials)
             cells.append(f"{accuracy:.2f} [{low:.2f}, {high:.2f}]")
         body.append(cells)
     return _table(head, body, text_columns=1)
+
+
+def _wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a row's passkey ``accuracy``: its mean over seeds of ``trials`` prompts
+    each, counted as the hits of all the seeds' prompts together."""
+    asked = trials * row.get("seeds", 1)
+    return wilson_interval(round(accuracy * asked), asked)
 
 
 def _measured(settings: Settings) -> list[str]:
@@ -314,8 +320,7 @@ def _points(r: dict, name: str) -> tuple[list[int], list[float], list[float]]:
 def _passkey_interval(r: dict, trials: int) -> tuple[list[int], list[float], list[list[float]]]:
     """Lengths, accuracies and ``[below, above]`` distances to the 95% Wilson interval (all seeds' trials)."""
     xs, ys, _ = _points(r, "passkey")
-    asked = trials * r.get("seeds", 1)
-    bounds = [wilson_interval(round(y * asked), asked) for y in ys]
+    bounds = [_wilson(r, y, trials) for y in ys]
     below = [y - low for y, (low, _) in zip(ys, bounds, strict=True)]
     above = [high - y for y, (_, high) in zip(ys, bounds, strict=True)]
     return xs, ys, [below, above]
