@@ -217,10 +217,11 @@ def test_passkey_fraction_makes_that_share_of_rows_passkey_prompts_and_keeps_the
     assert torch.equal(both[0][untouched], plain[0][untouched])
     assert 16 <= int(asked.sum()) <= 48  # about half of 64
     assert torch.equal(both[0][:, 1:], both[1][:, :-1])
-    # the answer is the last bytes of each passkey row: its key, as a target
+    # after the question comes each passkey row's key, as targets
     for row in window[asked].tolist():
         text = bytes(row).decode("latin-1")
-        assert text.rsplit('assert PASSKEY == "', 1)[1] == text.split('PASSKEY = "')[1].split('"')[0]
+        key = text.split('PASSKEY = "')[1].split('"')[0]
+        assert text.rsplit('assert PASSKEY == "', 1)[1].startswith(key)
     with pytest.raises(
         CorpusError, match="copy_fraction=0.75 and passkey_fraction=0.5 add up to more than 1"
     ):

@@ -44,29 +44,30 @@ def test_code_prompt_with_corpus_filler_fits_inside_a_short_training_length():
         passkey_prompt(61, "123", 0.0, style="code", filler=filler[:5])
 
 
-def _parse(row: list[int]) -> tuple[str, str, list[int]]:
-    """(key in the needle, answer after the question, the filler with needle and question removed)."""
+def _parse(row: list[int]) -> tuple[str, str, list[int], int]:
+    """(key in the needle, the bytes after the question, the filler with needle, question and answer
+    removed, where the answer ends)."""
     text = bytes(row).decode("latin-1")
     needle_at = text.index('\nPASSKEY = "')
     close = text.index('"\n', needle_at + 12)
     key = text[needle_at + 12 : close]
     question = '\nassert PASSKEY == "'
-    asked = text.rindex(question)
-    answer = text[asked + len(question) :]
-    filler = text[:needle_at] + text[close + 2 : asked]
-    return key, answer, list(filler.encode("latin-1"))
+    asked = text.rindex(question) + len(question)
+    end = asked + len(key)
+    filler = text[:needle_at] + text[close + 2 : asked - len(question)] + text[end:]
+    return key, text[asked:end], list(filler.encode("latin-1")), end
 
 
 @settings(max_examples=30, deadline=None)
 @given(st.integers(37, 200), st.integers(0, 2**31 - 1), st.integers(0, 5))
 def test_passkey_rows_hide_a_key_in_the_rows_own_bytes_and_end_with_it(length, seed, n):
-    """Each row becomes its own bytes (in order, cut to fit) with the needle inside and the question
-    and the key at the end; key lengths stay in TRAIN_KEY_DIGITS, fewer when the row is short."""
+    """Each row becomes its own bytes (in order, cut to fit) with the needle inside, then the question and
+    the key; key lengths stay in TRAIN_KEY_DIGITS, fewer when the row is short."""
     rows = torch.randint(ord("a"), ord("z") + 1, (n, length), generator=torch.Generator().manual_seed(seed))
     out = passkey_rows(rows, torch.Generator().manual_seed(seed))
     assert out.shape == rows.shape and out.dtype == rows.dtype
     for original, made in zip(rows.tolist(), out.tolist(), strict=True):
-        key, answer, filler = _parse(made)
+        key, answer, filler, _ = _parse(made)
         assert key == answer and key.isdigit()
         assert TRAIN_KEY_DIGITS[0] <= len(key) <= TRAIN_KEY_DIGITS[1]
         assert passkey_min_length(len(key), "code") <= length
@@ -75,13 +76,16 @@ def test_passkey_rows_hide_a_key_in_the_rows_own_bytes_and_end_with_it(length, s
     assert torch.equal(out, again)
 
 
-def test_passkey_rows_vary_key_length_and_depth():
-    rows = torch.full((200, 64), ord("x"))
+def test_passkey_rows_vary_key_length_depth_and_where_the_answer_ends():
+    rows = torch.full((300, 64), ord("x"))
     out = passkey_rows(rows, torch.Generator().manual_seed(0))
     parsed = [_parse(r) for r in out.tolist()]
-    assert {len(k) for k, _, _ in parsed} == set(range(TRAIN_KEY_DIGITS[0], TRAIN_KEY_DIGITS[1] + 1))
+    assert {len(k) for k, _, _, _ in parsed} == set(range(TRAIN_KEY_DIGITS[0], TRAIN_KEY_DIGITS[1] + 1))
     depths = {bytes(r).decode().index("PASSKEY") for r in out.tolist()}
     assert len(depths) > 10
+    # the answer ends anywhere from the shortest prompt's end to the window's end, both included
+    ends = {end for _, _, _, end in parsed}
+    assert min(ends) == passkey_min_length(TRAIN_KEY_DIGITS[0], "code") and max(ends) == 64 and len(ends) > 20
 
 
 def test_passkey_rows_refuse_windows_too_short_for_the_prompt():

@@ -103,11 +103,13 @@ def passkey_prompt(
 def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code") -> torch.Tensor:
     """Training windows ``(n, T)`` int64 made into passkey prompts with their answers, ``(n, T)``.
 
-    Each row keeps its own bytes as filler (so the text around the needle is the corpus's) and becomes
-    ``filler[:cut] + needle + filler[cut:] + question + key``, exactly T bytes: a key of
-    :data:`TRAIN_KEY_DIGITS` digits (fewer when T is short) at a uniform depth, all drawn from ``gen``.
-    The loss on the key's bytes after the question is what teaches retrieval; the key inside the
-    needle is random and teaches nothing.
+    Each row keeps its own bytes, in order, as filler (so the text around the needle is the corpus's) and
+    becomes ``filler[:cut] + needle + filler[cut:room] + question + key + filler[room:]``, exactly T bytes:
+    a key of :data:`TRAIN_KEY_DIGITS` digits (fewer when T is short), the prompt and key ending at a
+    uniform position from the shortest prompt's end to T, and the needle at a uniform depth of the filler
+    before the question, all drawn from ``gen``. The question's place varies so that a model with
+    absolute positions does not learn to answer at the window's end only. The loss on the key's bytes
+    after the question is what teaches retrieval; the key inside the needle is random and teaches nothing.
     """
     n, t = rows.shape
     low, high = TRAIN_KEY_DIGITS
@@ -124,8 +126,13 @@ def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code
     digits = torch.randint(room[0], room[-1] + 1, (n,), generator=gen).tolist()
     depths = torch.rand(n, generator=gen, dtype=torch.float64).tolist()
     values = torch.randint(0, 10, (n, high), generator=gen).tolist()
+    ends = torch.rand(n, generator=gen, dtype=torch.float64).tolist()
     for i in range(n):
         key = "".join(str(v) for v in values[i][: digits[i]])
-        ids, _ = passkey_prompt(t - digits[i], key, depths[i], style=style, filler=rows[i].tolist())
-        out[i] = torch.tensor(ids + _bytes(key), dtype=out.dtype)
+        shortest = passkey_min_length(digits[i], style)
+        end = shortest + int(ends[i] * (t - shortest + 1))  # where the key ends: shortest .. t
+        filler = rows[i].tolist()
+        ids, _ = passkey_prompt(end - digits[i], key, depths[i], style=style, filler=filler)
+        used = end - (shortest - digits[i]) - digits[i]  # filler bytes the prompt took
+        out[i] = torch.tensor(ids + _bytes(key) + filler[used : used + t - end], dtype=out.dtype)
     return out
