@@ -342,3 +342,54 @@ def test_a_scheme_given_by_path_keeps_its_models_under_out(compared, corpus_dir,
     assert not (tmp_path / "mine.py:alibi").exists()
     rows = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     assert [r["scheme"] for r in rows] == [spec]
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_a_killed_compare_takes_its_workers_and_queue_manager_with_it(corpus_dir, tmp_path):
+    """SIGKILL of the compare process: its training workers and the queue's manager end within seconds,
+    instead of training on and writing checkpoints into --out."""
+    import signal
+    import sys
+    import time
+
+    args = tiny_compare_args(tmp_path / "out", corpus_dir, tmp_path / "cache", jobs=2, schemes="alibi,rope")
+    proc = subprocess.Popen([sys.executable, "-m", "posenc.cli", *args, "--steps", "1000000"], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        latest = [
+            tmp_path / "out" / "models" / s / "seed-0" / "checkpoints" / "latest" for s in ("alibi", "rope")
+        ]
+        while not all(p.exists() for p in latest):  # both workers are training
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        children = _children(proc.pid)
+        assert len(children) >= 3  # two workers and the manager (and the resource tracker)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 15
+    while (alive := {p for p in children if Path(f"/proc/{p}").exists() and "Z" not in _state(p)}) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert not alive
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

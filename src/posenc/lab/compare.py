@@ -32,9 +32,11 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 
 import torch
@@ -67,8 +69,26 @@ Task = tuple[str, int, str | None]
 # ---------------------------------------------------------------------------------------------- one task
 
 
-def _worker_init(threads: int) -> None:
+def _worker_init(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
+    exit_with_parent(parent)
+
+
+def exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this process once ``parent`` (the compare process) is gone, however it died (a background
+    thread checks every ``every`` s).
+
+    A killed compare would otherwise leave its workers training and writing into ``--out``, where a
+    restarted compare would resume from their checkpoints, and its queue's manager waiting forever.
+    Checkpoints are written atomically, so stopping at any moment loses at most one interval.
+    """
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _run_task(
@@ -209,9 +229,13 @@ def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -
     re-raised here."""
     ctx = mp.get_context("spawn")
     rows = {}
-    with ctx.Manager() as manager:
+    manager = SyncManager(ctx=ctx)
+    manager.start(exit_with_parent, (os.getpid(),))
+    with manager:
         events = manager.Queue()
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads,)) as pool:
+        with ProcessPoolExecutor(
+            jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, os.getpid())
+        ) as pool:
             tasks = {
                 pool.submit(_run_task, sc, seed, *args, events): (sc, seed, None)
                 for sc in order
