@@ -71,10 +71,10 @@ Task = tuple[str, int, str | None]
 
 def _worker_init(threads: int, parent: int) -> None:
     torch.set_num_threads(threads)
-    exit_with_parent(parent)
+    _exit_with_parent(parent)
 
 
-def exit_with_parent(parent: int, every: float = 0.5) -> None:
+def _exit_with_parent(parent: int, every: float = 0.5) -> None:
     """End this process once ``parent`` (the compare process) is gone, however it died (a background
     thread checks every ``every`` s).
 
@@ -230,7 +230,7 @@ def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -
     ctx = mp.get_context("spawn")
     rows = {}
     manager = SyncManager(ctx=ctx)
-    manager.start(exit_with_parent, (os.getpid(),))
+    manager.start(_exit_with_parent, (os.getpid(),))
     with manager:
         events = manager.Queue()
         with ProcessPoolExecutor(

@@ -279,9 +279,10 @@ def answered(model: GPT, rows: torch.Tensor, answer: int, *, tokens_per_batch: i
     """
     device = next(model.parameters()).device
     n, t = rows.shape
+    per_batch = max(1, tokens_per_batch // t)
     out = []
-    for i in range(0, n, max(1, tokens_per_batch // t)):
-        chunk = rows[i : i + max(1, tokens_per_batch // t)].to(device)
+    for i in range(0, n, per_batch):
+        chunk = rows[i : i + per_batch].to(device)
         guess = model(chunk[:, :-1])[:, -answer:].argmax(-1)
         out.append((guess == chunk[:, -answer:]).all(dim=1).cpu())
     return torch.cat(out)

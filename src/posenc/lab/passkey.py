@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from posenc.lab.config import check_choice, check_int, check_lengths
+from posenc.lab.data import encode
 from posenc.lab.errors import LabError
 
 __all__ = [
@@ -50,10 +51,6 @@ PASSKEY_FILLERS = ("repeat", "corpus")
 TRAIN_KEY_DIGITS = (1, 5)
 
 
-def _bytes(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
-
-
 def passkey_min_length(digits: int = 5, style: str = "sentences") -> int:
     """The shortest passkey length (bytes): the needle, the question and the ``digits`` answer bytes."""
     needle, question = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
@@ -84,14 +81,14 @@ def passkey_prompt(
     many as there is room for), e.g. a stretch of the validation text; default, repeated sentences.
     """
     needle_text, question_text = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
-    needle, question = _bytes(needle_text.format(key=key)), _bytes(question_text)
+    needle, question = encode(needle_text.format(key=key)), encode(question_text)
     room = length - len(needle) - len(question)
     if room < 0:
         raise LabError(
             f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes"
         )
     if filler is None:
-        fill = _bytes((_FILLER * (room // len(_FILLER) + 1))[:room])
+        fill = encode((_FILLER * (room // len(_FILLER) + 1))[:room])
     else:
         fill = [int(t) for t in filler[:room]]
         if len(fill) < room:
@@ -133,6 +130,6 @@ def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code
         end = shortest + int(ends[i] * (t - shortest + 1))  # where the key ends: shortest .. t
         filler = rows[i].tolist()
         ids, _ = passkey_prompt(end - digits[i], key, depths[i], style=style, filler=filler)
-        used = end - (shortest - digits[i]) - digits[i]  # filler bytes the prompt took
-        out[i] = torch.tensor(ids + _bytes(key) + filler[used : used + t - end], dtype=out.dtype)
+        used = end - shortest  # filler bytes the prompt took: all but needle, question and key
+        out[i] = torch.tensor(ids + encode(key) + filler[used : used + t - end], dtype=out.dtype)
     return out

@@ -43,7 +43,7 @@ from .. import _checks
 from ..kernels import apply_rotary
 from .embedding import RotaryEmbedding
 from .table import align_to, cos_sin_of
-from .xpos import XPos, check_fits
+from .xpos import check_fits
 
 __all__ = ["RotaryKVCache", "rerotate_keys", "rerotate_schedule", "same_schedule"]
 
@@ -68,12 +68,7 @@ class RotaryKVCache:
             raise ValueError(f"rotary must be a posenc.RotaryEmbedding, got {type(rotary).__name__}")
         self.rotary = rotary
         self.mode = _checks.one_of("mode", mode, MODES)
-        if isinstance(rotary, XPos) and rotary.centre is None and self.mode != "unrotated":
-            raise ValueError(
-                f"mode={mode!r} caches xPos keys already scaled, which only meet queries scaled about the "
-                "same centre: give the XPos a fixed centre (XPos(..., centre=c), c near the middle of the "
-                "positions you expect) or use mode='unrotated'"
-            )
+        rotary.check_cache_mode(self.mode)
         self.keys: torch.Tensor | None = None  # rotated (rerotate, hf) or not (unrotated)
         self.values: torch.Tensor | None = None
         self._schedule: tuple[torch.Tensor, float] | None = (
@@ -108,26 +103,17 @@ class RotaryKVCache:
         total = start + k.shape[-2]
         rot = self.rotary
         schedule = rot.frequencies(total)  # the schedule a full forward pass over `total` tokens uses
-        q_rot = self._rotate(q, start, total, "q")
+        q_rot = rot.rotate_cached(q, start, total, "q")
         self.values = v if self.values is None else torch.cat((self.values, v), dim=-2)
         if self.mode == "unrotated":
             self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
-            return q_rot, self._rotate(self.keys, 0, total, "k"), self.values
+            return q_rot, rot.rotate_cached(self.keys, 0, total, "k"), self.values
         if self.mode == "rerotate" and self.keys is not None and not same_schedule(schedule, self._schedule):
             self.keys = rerotate_schedule(self.keys, self._schedule, schedule, rot.layout)
-        k_rot = self._rotate(k, start, total, "k")
+        k_rot = rot.rotate_cached(k, start, total, "k")
         self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
         self._schedule = schedule
         return q_rot, self.keys, self.values
-
-    def _rotate(self, x: torch.Tensor, offset: int, total: int, kind: str) -> torch.Tensor:
-        """x rotated at positions offset.. as the rotary of a full forward pass over ``total`` tokens would;
-        for xPos also scaled as queries or keys (``kind``) about that pass's centre."""
-        rot = self.rotary
-        if not isinstance(rot, XPos):
-            return rot.rotate(x, offset=offset, context_len=total)
-        centre = rot.centre if rot.centre is not None else total // 2  # keys 0..total-1: their middle
-        return rot.rotate(x, offset=offset, context_len=total, kind=kind, centre=centre)
 
 
 def rerotate_keys(
@@ -153,8 +139,8 @@ def rerotate_keys(
 
     Returns:
         keys rotated by delta * omega_k in every pair, same shape and dtype. Angles are formed in float64.
-        With an :class:`posenc.XPos` as ``rotary`` the keys' scale moves as well: each pair is multiplied by
-        zeta_i^(-delta / scale_base), the factor between a key's scale at p and at p + delta.
+        A rotary that also scales keys by position (:class:`posenc.XPos`, its ``shift_scale``) moves their
+        scale as well: each pair is multiplied by zeta_i^(-delta / scale_base).
     """
     _checks.tensor_rank("keys", keys, 2)
     if rotary is not None and not isinstance(rotary, RotaryEmbedding):
@@ -184,8 +170,8 @@ def rerotate_keys(
         d = d.expand(seq)
     work = torch.float64 if keys.dtype == torch.float64 else torch.float32
     cos, sin = cos_sin_of(d, inv64, 1.0, work)
-    if isinstance(rotary, XPos):
-        scale = rotary.scale(d, 0.0, "k")  # zeta^((0 - delta) / B): key scales at p + delta over those at p
+    scale = None if rotary is None else rotary.shift_scale(d)
+    if scale is not None:
         if _checks.can_read(scale) and scale.numel():
             check_fits(
                 keys.dtype, work, scale, "the shift is too long for it; shift less or use a wider dtype"

@@ -131,6 +131,22 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
         return apply_rotary(x, cos, sin, layout=self.layout)
 
+    # Hooks for posenc.RotaryKVCache and rerotate_keys: what a cache must do besides rotating. RoPE needs
+    # nothing more; XPos (which also scales queries and keys about a centre) overrides them.
+
+    def check_cache_mode(self, mode: str) -> None:
+        """Refuse a RotaryKVCache mode this rotary cannot keep consistent (RoPE: every mode works)."""
+
+    def rotate_cached(self, x: torch.Tensor, offset: int, total: int, kind: str) -> torch.Tensor:
+        """x (..., seq, head_dim) at positions offset.. as a forward pass over ``total`` tokens rotates it,
+        as queries (``kind="q"``) or keys (``"k"``); RoPE treats both alike."""
+        return self.rotate(x, offset=offset, context_len=total)
+
+    def shift_scale(self, delta: torch.Tensor) -> torch.Tensor | None:
+        """The factor per pair, (..., rotary_dim/2) float64, by which moving keys ``delta`` positions scales
+        them besides rotating them; None when it does not (RoPE)."""
+        return None
+
     def forward(
         self,
         q: torch.Tensor,

@@ -103,6 +103,25 @@ class XPos(RotaryEmbedding):
         c = self._centre(centre, p, offset, x.shape[-2], positions is None)
         return apply_rotary(x, *self._scaled(x, cos, sin, p, c, kind), layout=self.layout)
 
+    def check_cache_mode(self, mode: str) -> None:
+        """A cache that keeps keys already scaled needs the fixed centre its queries will be scaled about."""
+        if self.centre is None and mode != "unrotated":
+            raise ValueError(
+                f"mode={mode!r} caches xPos keys already scaled, which only meet queries scaled about the "
+                "same centre: give the XPos a fixed centre (XPos(..., centre=c), c near the middle of the "
+                "positions you expect) or use mode='unrotated'"
+            )
+
+    def rotate_cached(self, x, offset: int, total: int, kind: str):
+        """Rotated and scaled as queries or keys about the fixed centre, else about the centre of a forward
+        pass over keys 0..total-1 (their middle)."""
+        centre = self.centre if self.centre is not None else total // 2
+        return self.rotate(x, offset=offset, context_len=total, kind=kind, centre=centre)
+
+    def shift_scale(self, delta):
+        """zeta_i^(-delta/B): a key's scale at p + delta over its scale at p (the centre cancels)."""
+        return self.scale(delta, 0.0, "k")
+
     def forward(
         self, q, k, positions=None, offset: int = 0, inplace: bool = False, *, k_positions=None, centre=None
     ):
