@@ -9,6 +9,7 @@ Modules are imported only when the command line is parsed, so ``import posenc`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -19,6 +20,7 @@ _COMMAND_MODULES = (
     "posenc.tools.plot",  # posenc plot ...
     "posenc.tools.bench",  # posenc bench
     "posenc.lab.commands",  # posenc train / eval / sample / compare
+    "posenc.real.commands",  # posenc extend
 )
 
 
@@ -31,6 +33,51 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if "default" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)):
             return text
         return super()._get_help_string(action)
+
+
+def guarded(name: str, resume: str = "rerun the same command to continue"):
+    """Decorate a ``posenc <name>`` handler: bad input (a ``ValueError`` such as the lab's ``LabError``, an
+    ``OSError`` from a refused write, an ``IndexError``) becomes one line on stderr and exit status 2, never
+    a traceback; Ctrl-C exits with 130 saying that the saved work is intact and how to ``resume``.
+    ``--threads`` is applied."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(args) -> int:
+            if getattr(args, "threads", None):
+                import torch
+
+                torch.set_num_threads(args.threads)
+            try:
+                return fn(args)
+            except (
+                ValueError,
+                OSError,  # a write refused after the up-front checks (a full disk, a read-only mount)
+                IndexError,
+            ) as e:  # LabError, CorpusError, PositionError...
+                print(f"posenc {name}: error: {e}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt:
+                print(
+                    f"posenc {name}: interrupted; the work saved so far is intact ({resume})",
+                    file=sys.stderr,
+                )
+                return 130
+
+        return run
+
+    return wrap
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1, else a usage error saying what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def check_output_dir(flag: str, path: str | os.PathLike) -> Path:

@@ -2,8 +2,9 @@
 
 import posenc
 from posenc.lab.config import GPTConfig
-from posenc.lab.encodings import ENCODINGS, EXTENSIONS, Encoding, extension_scaling, register_encoding
+from posenc.lab.encodings import ENCODINGS, EXTENSIONS, Encoding, register_encoding
 from posenc.lab.model import GPT
+from posenc.rope.frequencies import extension_scaling
 
 SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi"]
 
@@ -36,7 +37,7 @@ def test_a_registered_encoding_is_a_valid_config_and_builds_a_model():
         del ENCODINGS["rope500"]
 
 
-def test_extension_scaling_is_the_hugging_face_dict_of_each_method():
+def test_each_eval_time_extension_is_the_hugging_face_dict_of_its_method():
     assert list(EXTENSIONS) == ["pi", "ntk", "dynamic", "yarn", "bca", "temp"]
     assert extension_scaling("pi", 2.0, 64) == {"rope_type": "linear", "factor": 2.0}
     assert extension_scaling("ntk", 2.0, 64) == {"rope_type": "ntk", "factor": 2.0}

@@ -410,3 +410,29 @@ def test_llama3_with_an_empty_blend_band():
     want = np.where(2 * math.pi / default > orig / band, default / factor, default)
     np.testing.assert_allclose(inv.double().numpy(), want, rtol=1e-6)
     assert (want != default).any() and (want == default).any()  # both sides of the band occur
+
+
+@pytest.mark.parametrize("method", list(F.EXTENSION_METHODS))
+def test_extension_scaling_gives_transformers_the_frequencies_of_its_method(method):
+    """Every short name's dict, read by transformers' own init function, gives posenc's frequencies; static
+    NTK, which transformers lacks, is its default schedule at the raised base."""
+    scaling = F.extension_scaling(method, 4.0, ORIG)
+    got, _ = F.rope_frequencies(
+        64, scaling=scaling, base=1e4, max_position_embeddings=ORIG, seq_len=3 * ORIG, dtype=torch.float64
+    )
+    if method == "ntk":
+        want = 1.0 / (1e4 * 4.0 ** (64 / 62)) ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    else:
+        config = LlamaConfig(
+            hidden_size=128,
+            num_attention_heads=2,
+            max_position_embeddings=ORIG,
+            rope_parameters={"rope_theta": 1e4, **scaling},
+        )
+        want, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu", seq_len=3 * ORIG)
+    torch.testing.assert_close(got, want.to(torch.float64), rtol=HF_FLOAT32_REL, atol=0)
+
+
+def test_extension_scaling_refuses_an_unknown_method_by_name():
+    with pytest.raises(ValueError, match=r"method must be one of 'pi', 'ntk'.*got 'rerope'"):
+        F.extension_scaling("rerope", 2.0, 4096)

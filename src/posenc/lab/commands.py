@@ -7,40 +7,12 @@ becomes a one-line message on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
 from pathlib import Path
 
-
-def _guard(name: str):
-    def wrap(fn):
-        @functools.wraps(fn)
-        def run(args) -> int:
-            if getattr(args, "threads", None):
-                import torch
-
-                torch.set_num_threads(args.threads)
-            try:
-                return fn(args)
-            except (
-                ValueError,
-                OSError,  # a write refused after the up-front checks (a full disk, a read-only mount)
-                IndexError,
-            ) as e:  # LabError, CorpusError, PositionError...
-                print(f"posenc {name}: error: {e}", file=sys.stderr)
-                return 2
-            except KeyboardInterrupt:
-                print(
-                    f"posenc {name}: interrupted; the last checkpoint is intact (rerun with --resume)",
-                    file=sys.stderr,
-                )
-                return 130
-
-        return run
-
-    return wrap
+from posenc.cli import guarded, positive_int
 
 
 def _int_list(text: str) -> list[int]:
@@ -59,21 +31,12 @@ def _str_list(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-def _positive_int(text: str) -> int:
-    from posenc.lab.config import check_int
-
-    try:
-        return check_int("value", int(text))
-    except ValueError:  # not an integer, or a LabError from check_int
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-
-
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="a text file or folder (default: this Python's standard library, *.py)")
     p.add_argument("--cache-dir", help="token cache directory (default: ~/.cache/posenc/tokens)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument(
-        "--threads", type=_positive_int, help="torch CPU threads for this process (default: torch's)"
+        "--threads", type=positive_int, help="torch CPU threads for this process (default: torch's)"
     )
 
 
@@ -99,7 +62,7 @@ def _compile_arg(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- train
 
 
-@_guard("train")
+@guarded("train", resume="rerun with --resume")
 def cmd_train(args) -> int:
     from posenc.lab.checkpoint import latest_checkpoint
     from posenc.lab.config import GPTConfig, TrainConfig
@@ -163,7 +126,7 @@ def cmd_train(args) -> int:
 # ---------------------------------------------------------------------------------------------- eval
 
 
-@_guard("eval")
+@guarded("eval")
 def cmd_eval(args) -> int:
     from posenc.cli import check_output_file
     from posenc.lab.checkpoint import load_model
@@ -275,7 +238,7 @@ def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
 # ---------------------------------------------------------------------------------------------- sample
 
 
-@_guard("sample")
+@guarded("sample")
 def cmd_sample(args) -> int:
     import torch
 
@@ -303,7 +266,7 @@ def cmd_sample(args) -> int:
 # ---------------------------------------------------------------------------------------------- compare
 
 
-@_guard("compare")
+@guarded("compare")
 def cmd_compare(args) -> int:
     from posenc.lab.compare import run_compare
     from posenc.lab.config import settings_for
@@ -359,11 +322,9 @@ def _add_train(subparsers) -> None:
     )
     p.add_argument("--out", required=True, help="run directory (checkpoints, run.json); created if missing")
     _data_args(p)
-    p.add_argument("--train-len", type=_positive_int, default=64, help="training sequence length (bytes)")
-    p.add_argument("--steps", type=_positive_int, default=600, help="optimizer steps")
-    p.add_argument(
-        "--batch-size", type=_positive_int, default=16, help="global batch, split across DDP ranks"
-    )
+    p.add_argument("--train-len", type=positive_int, default=64, help="training sequence length (bytes)")
+    p.add_argument("--steps", type=positive_int, default=600, help="optimizer steps")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="global batch, split across DDP ranks")
     p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
     p.add_argument("--warmup", type=int, default=50, help="linear warmup steps, then cosine decay")
     p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
@@ -384,11 +345,11 @@ def _add_train(subparsers) -> None:
         help="share of training windows made into passkey prompts with their answer (teaches retrieval), "
         "0..1; with --copy-fraction at most 1 in all",
     )
-    p.add_argument("--n-layer", type=_positive_int, default=4, help="transformer blocks")
+    p.add_argument("--n-layer", type=positive_int, default=4, help="transformer blocks")
     # 8 heads: ALiBi's slopes 2^(-8h/H) were chosen for 8 (Press et al. 2021), and docs/lab.md uses 8.
-    p.add_argument("--n-head", type=_positive_int, default=8, help="attention heads")
-    p.add_argument("--d-model", type=_positive_int, default=128, help="model width")
-    p.add_argument("--ckpt-every", type=_positive_int, default=100, help="checkpoint interval in steps")
+    p.add_argument("--n-head", type=positive_int, default=8, help="attention heads")
+    p.add_argument("--d-model", type=positive_int, default=128, help="model width")
+    p.add_argument("--ckpt-every", type=positive_int, default=100, help="checkpoint interval in steps")
     p.add_argument(
         "--resume",
         action="store_true",
@@ -397,7 +358,7 @@ def _add_train(subparsers) -> None:
     )
     p.add_argument(
         "--stop-after",
-        type=_positive_int,
+        type=positive_int,
         help="stop at this step; the schedule still targets --steps (default: run to --steps)",
     )
     _compile_arg(p)
@@ -414,7 +375,7 @@ def _add_eval(subparsers) -> None:
     p.add_argument(
         "--lens", type=_int_list, help="evaluation lengths, e.g. 64,128,256 (default 1,2,4,8 x train length)"
     )
-    p.add_argument("--eval-tokens", type=_positive_int, default=32768, help="validation tokens per length")
+    p.add_argument("--eval-tokens", type=positive_int, default=32768, help="validation tokens per length")
     p.add_argument(
         "--extensions",
         type=_str_list,
@@ -422,8 +383,8 @@ def _add_eval(subparsers) -> None:
         "pi,ntk,dynamic,yarn for rope, bca for xpos, temp for none)",
     )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
-    p.add_argument("--passkey-trials", type=_positive_int, default=8)
-    p.add_argument("--passkey-digits", type=_positive_int, default=3, help="digits of the hidden key")
+    p.add_argument("--passkey-trials", type=positive_int, default=8)
+    p.add_argument("--passkey-digits", type=positive_int, default=3, help="digits of the hidden key")
     p.add_argument(
         "--passkey-style",
         choices=["code", "sentences"],
@@ -439,7 +400,7 @@ def _add_eval(subparsers) -> None:
     )
     p.add_argument(
         "--sliding-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=2048,
         help="tokens the sliding protocol scores per length",
     )
@@ -458,12 +419,12 @@ def _add_sample(subparsers) -> None:
     p = subparsers.add_parser("sample", help="generate text from a checkpoint (KV-cached)")
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     p.add_argument("--prompt", default="def ")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=200)
+    p.add_argument("--max-new-tokens", type=positive_int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=_positive_int, default=None)
+    p.add_argument("--top-k", type=positive_int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=_positive_int)
+    p.add_argument("--threads", type=positive_int)
     p.set_defaults(func=cmd_sample)
 
 
@@ -487,11 +448,11 @@ def _add_compare(subparsers) -> None:
     _data_args(p)
     p.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=positive_int,
         help="models trained in parallel (default: on CPU all at once, one thread each; 1 on GPU)",
     )
-    p.add_argument("--steps", type=_positive_int, help="training steps (default: the preset's)")
-    p.add_argument("--train-len", type=_positive_int, help="training length (default: the preset's)")
+    p.add_argument("--steps", type=positive_int, help="training steps (default: the preset's)")
+    p.add_argument("--train-len", type=positive_int, help="training length (default: the preset's)")
     p.add_argument(
         "--eval-mults",
         type=_int_list,
@@ -506,7 +467,7 @@ def _add_compare(subparsers) -> None:
     p.add_argument("--seed", type=int, help="initialisation and batch order (default: the preset's, 0)")
     p.add_argument(
         "--seeds",
-        type=_positive_int,
+        type=positive_int,
         help="models per scheme, seeds --seed, --seed + 1, ...: tables show mean ± sd (default: 1)",
     )
     p.add_argument(

@@ -224,11 +224,10 @@ def expand_schemes(names) -> tuple[str, ...]:
     return tuple(out)
 
 
-# RoPE eval-time context extensions: the lab's name -> the Hugging Face ``rope_type`` it selects.
-# pi: position interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595); ntk: NTK-aware base
-# scaling (bloc97 2023); dynamic: dynamic NTK (emozilla 2023); yarn: YaRN (Peng et al. 2023,
-# arxiv.org/abs/2309.00071).
-ROPE_EXTENSIONS: dict[str, str] = {"pi": "linear", "ntk": "ntk", "dynamic": "dynamic", "yarn": "yarn"}
+# RoPE eval-time context extensions (posenc.rope.frequencies.EXTENSION_METHODS): pi, position
+# interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595); ntk, NTK-aware base scaling (bloc97 2023);
+# dynamic, dynamic NTK (emozilla 2023); yarn, YaRN (Peng et al. 2023, arxiv.org/abs/2309.00071).
+ROPE_EXTENSIONS: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn")
 
 # Every eval-time extension -> the schemes it applies to. Besides RoPE's:
 # bca: blockwise causal attention, each query sees its own block of half the training length and the previous
@@ -247,13 +246,3 @@ EXTENSIONS: dict[str, tuple[str, ...]] = {
 def extensions_for(scheme: str, requested) -> list[str]:
     """The extensions among ``requested`` (names of :data:`EXTENSIONS`) that apply to ``scheme``."""
     return [m for m in requested if scheme in EXTENSIONS.get(m, ())]
-
-
-def extension_scaling(method: str, factor: float, train_len: int) -> dict:
-    """The ``rope_scaling`` dict of RoPE extension ``method`` (a key of :data:`ROPE_EXTENSIONS`) at
-    ``factor``."""
-    scaling = {"rope_type": ROPE_EXTENSIONS[method], "factor": factor}
-    if method == "yarn":
-        # YaRN picks which frequencies to interpolate by how many turns they make within the original context.
-        scaling["original_max_position_embeddings"] = train_len
-    return scaling

@@ -22,8 +22,9 @@ from torch import nn
 
 import posenc
 from posenc.lab.config import GPTConfig, check_choice, check_number
-from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, extension_scaling, lookup
+from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, lookup
 from posenc.lab.errors import LabError
+from posenc.rope.frequencies import extension_scaling
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "eval_extension", "next_byte_loss", "rope_extension"]
 

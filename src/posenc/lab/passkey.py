@@ -23,6 +23,7 @@ from posenc.lab.errors import LabError
 __all__ = [
     "PASSKEY_FILLERS",
     "PASSKEY_STYLES",
+    "REPEAT_FILLER",
     "TRAIN_KEY_DIGITS",
     "check_passkey_lengths",
     "passkey_min_length",
@@ -30,7 +31,8 @@ __all__ = [
     "passkey_rows",
 ]
 
-_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+# Mohtashami & Jaggi's filler, repeated as often as the prompt needs.
+REPEAT_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
 # Prompt styles: (needle with the key, the question whose continuation is the key).
 # "sentences": Mohtashami & Jaggi 2023, 87 bytes of needle and question around the key, more than the
@@ -88,7 +90,7 @@ def passkey_prompt(
             f"passkey length {length} is too short; it needs at least {len(needle) + len(question)} bytes"
         )
     if filler is None:
-        fill = encode((_FILLER * (room // len(_FILLER) + 1))[:room])
+        fill = encode((REPEAT_FILLER * (room // len(REPEAT_FILLER) + 1))[:room])
     else:
         fill = [int(t) for t in filler[:room]]
         if len(fill) < room:

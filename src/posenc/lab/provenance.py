@@ -21,7 +21,7 @@ import torch
 import posenc
 from posenc.lab.data import Corpus
 
-__all__ = ["HASH_ALL_BELOW", "HASH_EDGE", "corpus_fingerprint", "git_revision", "provenance"]
+__all__ = ["HASH_ALL_BELOW", "HASH_EDGE", "corpus_fingerprint", "environment", "git_revision", "provenance"]
 
 HASH_ALL_BELOW = 64 << 20
 HASH_EDGE = 32 << 20
@@ -76,8 +76,8 @@ def _device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def provenance(settings_json: dict, corpus: Corpus, device: str) -> dict:
-    """Everything needed to rerun a comparison and to tell whether a rerun saw the same inputs."""
+def environment(device: str) -> dict:
+    """The software and machine a run used: versions, git revision, platform, device, CPU count, command."""
     return {
         "posenc": posenc.__version__,
         "git": git_revision(),
@@ -88,7 +88,10 @@ def provenance(settings_json: dict, corpus: Corpus, device: str) -> dict:
         "device": device,
         "device_name": _device_name(device),
         "cpu_count": os.cpu_count(),
-        "settings": settings_json,
-        "corpus": corpus_fingerprint(corpus),
         "command": sys.argv,
     }
+
+
+def provenance(settings_json: dict, corpus: Corpus, device: str) -> dict:
+    """Everything needed to rerun a comparison and to tell whether a rerun saw the same inputs."""
+    return {**environment(device), "settings": settings_json, "corpus": corpus_fingerprint(corpus)}

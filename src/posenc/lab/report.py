@@ -27,6 +27,7 @@ __all__ = [
     "copy_table",
     "extrapolation_figure",
     "gain_table",
+    "grid_table",
     "markdown_table",
     "passkey_table",
     "past_table",
@@ -68,7 +69,7 @@ def _cell(row: dict, name: str, n: int, digits: int = 2) -> str:
     return f"{value:.{digits}f} ± {sd:.{digits}f}"
 
 
-def _table(head: list[str], rows: list[list[str]], text_columns: int) -> str:
+def grid_table(head: list[str], rows: list[list[str]], text_columns: int) -> str:
     """A markdown table: the first column and the last ``text_columns - 1`` left-aligned, numbers right."""
     numbers = len(head) - text_columns
     align = ["---"] + ["---:"] * numbers + ["---"] * (text_columns - 1)
@@ -93,7 +94,7 @@ def markdown_table(rows: list[dict], eval_lens: list[int], train_len: int) -> st
             cells.append(_fmt(ratio(r, 4 * train_len, train_len), 3))
         cells.append((r.get("note") or "").replace("|", "/"))
         body.append(cells)
-    return _table(head, body, text_columns=2)
+    return grid_table(head, body, text_columns=2)
 
 
 def past_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
@@ -103,14 +104,14 @@ def past_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
         return ""
     head = ["scheme"] + [f"ppl past {train_len} @{n}" for n in longer]
     body = [[r["scheme"]] + [_cell(r, "ppl_past", n) for n in longer] for r in rows]
-    return _table(head, body, text_columns=1)
+    return grid_table(head, body, text_columns=1)
 
 
 def sliding_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     """The sliding protocol: ppl of the last ``train_len`` tokens of windows at stride ``train_len``."""
     head = ["scheme"] + [_length_head(n, train_len) for n in eval_lens]
     body = [[r["scheme"]] + [_cell(r, "ppl_sliding", n) for n in eval_lens] for r in rows]
-    return _table(head, body, text_columns=1)
+    return grid_table(head, body, text_columns=1)
 
 
 def gain_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
@@ -120,7 +121,7 @@ def gain_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
         return ""
     head = ["scheme"] + [_length_head(n, train_len, "gain") for n in longer]
     body = [[r["scheme"]] + [_cell(r, "gain", n, 3) for n in longer] for r in rows]
-    return _table(head, body, text_columns=1)
+    return grid_table(head, body, text_columns=1)
 
 
 def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
@@ -138,7 +139,7 @@ def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
         for n in eval_lens:
             cells += [_cell(r, "copy_first", n), _cell(r, "copy_repeat", n)]
         body.append(cells)
-    return _table(head, body, text_columns=1)
+    return grid_table(head, body, text_columns=1)
 
 
 def passkey_table(rows: list[dict], eval_lens: list[int], train_len: int, trials: int) -> str:
@@ -159,7 +160,7 @@ def passkey_table(rows: list[dict], eval_lens: list[int], train_len: int, trials
             low, high = _wilson(r, accuracy, trials)
             cells.append(f"{accuracy:.2f} [{low:.2f}, {high:.2f}]")
         body.append(cells)
-    return _table(head, body, text_columns=1)
+    return grid_table(head, body, text_columns=1)
 
 
 def _wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:

@@ -46,24 +46,14 @@ __all__ = [
 
 
 def _scalings(factor: float, original_length: int) -> dict[str, dict]:
-    """Each method's Hugging Face scaling dict, by the name the figure gives it.
+    """Each method's Hugging Face scaling dict (:func:`posenc.rope.frequencies.extension_scaling`, with its
+    published defaults), by the name the figure gives it."""
+    from posenc.rope.frequencies import extension_scaling
 
-    YaRN uses its paper's beta_fast=32, beta_slow=1 (the defaults); Llama 3.1 its published
-    low/high_freq_factor 1 and 4.
-    """
-    original = {"original_max_position_embeddings": original_length}
+    names = {"pi": f"PI (linear) x{factor:g}", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "Llama 3.1"}
     return {
         "default RoPE": {"rope_type": "default"},
-        f"PI (linear) x{factor:g}": {"rope_type": "linear", "factor": factor},
-        "NTK-aware": {"rope_type": "ntk", "factor": factor},
-        "YaRN": {"rope_type": "yarn", "factor": factor, **original},
-        "Llama 3.1": {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            **original,
-        },
+        **{label: extension_scaling(m, factor, original_length) for m, label in names.items()},
     }
 
 

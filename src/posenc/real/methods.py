@@ -1,0 +1,92 @@
+"""The context-extension methods ``posenc extend`` compares, and the RoPE each gives a real model.
+
+Each method replaces the model's rotary embedding with a :class:`posenc.RotaryEmbedding` through
+:func:`posenc.hf.patch_model`, so posenc computes every position (float64 angles) and the method's
+frequencies reach every layer. The factor is the longest evaluated length over the trained length, as an
+engineer extending a model to that length would set it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from posenc.hf import patch_model, rope_settings, text_config, unpatch_model
+from posenc.hf.layers import ADAPTERS
+from posenc.rope import RotaryEmbedding
+from posenc.rope.frequencies import extension_scaling
+
+__all__ = ["EXTEND_METHODS", "applied", "check_extendable", "method_rotary", "trained_length"]
+
+# name -> what it does, with its source; "none" is the model as its config describes it.
+EXTEND_METHODS: dict[str, str] = {
+    "none": "the model as trained: its config's RoPE, no extension",
+    "pi": "position interpolation, each frequency divided by the factor (Chen et al. 2023, arXiv:2306.15595)",
+    "ntk": "static NTK-aware scaling, base times factor^(d/(d-2)) (bloc97 2023)",
+    "dynamic": "dynamic NTK, the NTK base recomputed from the sequence length past the trained length "
+    "(emozilla 2023)",
+    "yarn": "YaRN, interpolation ramped by frequency plus an attention temperature (Peng et al. 2023, "
+    "arXiv:2309.00071)",
+    "llama3": "Llama 3.1's scaling by wavelength band, low/high frequency factors 1 and 4 (Meta 2024, "
+    "arXiv:2407.21783)",
+}
+
+
+def _get(config, name: str):
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+def trained_length(config) -> int:
+    """The context the model was pretrained at: ``original_max_position_embeddings`` (top level, or in
+    ``rope_parameters`` / ``rope_scaling``) when the config has one, else ``max_position_embeddings``."""
+    config = text_config(config)
+    for params in (config, _get(config, "rope_parameters") or {}, _get(config, "rope_scaling") or {}):
+        value = _get(params, "original_max_position_embeddings")
+        if value:
+            return int(value)
+    value = _get(config, "max_position_embeddings")
+    if not value:
+        raise ValueError(
+            "the model's config has neither max_position_embeddings nor original_max_position_embeddings: "
+            "give its trained length with --train-len"
+        )
+    return int(value)
+
+
+def check_extendable(config) -> None:
+    """A ValueError, before any work, when the model of this transformers ``config`` (or the model itself) is
+    not one posenc can give a single RoPE to."""
+    config = text_config(config)
+    model_type = getattr(config, "model_type", "")
+    if model_type in ADAPTERS:
+        raise ValueError(
+            f"posenc extend compares methods on single-RoPE models; {model_type} has a per-layer position "
+            "plan (posenc.hf.position_plan), which it does not vary yet"
+        )
+    rope_settings(config)  # a ValueError when the config describes no RoPE
+
+
+def method_rotary(config, method: str, *, factor: float, train_len: int | None = None) -> RotaryEmbedding:
+    """The :class:`~posenc.RotaryEmbedding` that ``method`` (a key of :data:`EXTEND_METHODS`) gives a model
+    with this transformers ``config``, extended by ``factor`` from ``train_len`` (default
+    :func:`trained_length`). "none" is the config's own RoPE, whatever the factor."""
+    if method not in EXTEND_METHODS:
+        raise ValueError(f"method must be one of {', '.join(EXTEND_METHODS)}; got {method!r}")
+    settings = rope_settings(text_config(config))
+    if method != "none":
+        train_len = trained_length(config) if train_len is None else train_len
+        settings["scaling"] = extension_scaling(method, factor, train_len)
+        settings["max_position_embeddings"] = train_len  # where dynamic NTK starts to scale
+    return RotaryEmbedding(**settings)
+
+
+@contextlib.contextmanager
+def applied(model, rotary: RotaryEmbedding) -> Iterator[torch.nn.Module]:
+    """``model`` with ``rotary`` computing its positions (:func:`posenc.hf.patch_model`), restored after."""
+    patch_model(model, rotary=rotary)
+    try:
+        yield model
+    finally:
+        unpatch_model(model)

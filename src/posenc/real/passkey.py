@@ -1,0 +1,132 @@
+"""Passkey retrieval prompts for a real model, in its chat template, of an exact length in its tokens.
+
+A five-digit key is hidden at a chosen depth of filler text and asked for at the end (Mohtashami & Jaggi
+2023, "Landmark Attention", arxiv.org/abs/2305.16300: their needle and filler sentences, the same the
+laboratory uses). The model is asked as a user would ask it: the instruction, the haystack and the
+question are the user's turn of the model's chat template, and the assistant's turn starts with "The pass
+key is"; a model without a chat template gets the same text plainly. A trial is a hit when the model's
+most likely next token equals the key's at every one of the key's tokens, which is what greedy decoding
+would write (one teacher-forced pass instead of a decoding loop).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from posenc.lab.passkey import PASSKEY_STYLES, REPEAT_FILLER
+
+__all__ = ["KEY_DIGITS", "PasskeyPrompt", "passkey_prompts", "start_tokens"]
+
+KEY_DIGITS = 5
+_NEEDLE = PASSKEY_STYLES["sentences"][0]
+_INSTRUCTION = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
+    "memorize it. I will quiz you about it.\n\n"
+)
+_QUESTION = "\n\nWhat is the pass key?"
+_ANSWER_PREFIX = "The pass key is"
+_HAYSTACK = "\x1fposenc-haystack\x1f"  # a marker no chat template writes, split out after rendering
+
+
+@dataclass(frozen=True)
+class PasskeyPrompt:
+    """One trial: ``ids`` (prompt and answer, exactly the requested length), of which the last
+    ``answer_len`` are the key's tokens; the key, the needle's relative ``depth`` in the filler (0 start,
+    1 end) and the token index ``needle_at`` where the needle starts."""
+
+    ids: tuple[int, ...]
+    answer_len: int
+    key: str
+    depth: float
+    needle_at: int
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def start_tokens(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts before a text by default (a BOS token, or none)."""
+    with_special = list(tokenizer("a")["input_ids"])
+    plain = _encode(tokenizer, "a")
+    cut = len(with_special) - len(plain)
+    return with_special[:cut] if cut > 0 and with_special[cut:] == plain else []
+
+
+def _frame(tokenizer, chat: bool) -> tuple[list[int], str]:
+    """The token ids before the haystack (the instruction) and the text after it (the question and the
+    answer prefix)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if chat and template:
+        messages = [{"role": "user", "content": _INSTRUCTION + _HAYSTACK + _QUESTION}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if text.count(_HAYSTACK) != 1:
+            raise ValueError("the tokenizer's chat template does not keep the user's text as written")
+        before, after = text.split(_HAYSTACK)
+        # A rendered template writes its own special tokens as text (transformers tokenizes it likewise)
+        return _encode(tokenizer, before), after + _ANSWER_PREFIX
+    return start_tokens(tokenizer) + _encode(tokenizer, _INSTRUCTION), _QUESTION + " " + _ANSWER_PREFIX
+
+
+def _answer(tokenizer, after: list[int], after_text: str, key: str) -> list[int]:
+    """The key's tokens as they follow the answer prefix, tokenized together with it as a model reads them."""
+    joined = _encode(tokenizer, after_text + " " + key)
+    if joined[: len(after)] != after:
+        raise ValueError(
+            "this tokenizer merges the passkey with the text before it, so its tokens cannot be scored "
+            "apart; run with --passkey-trials 0"
+        )
+    return joined[len(after) :]
+
+
+def _filler(tokenizer, room: int) -> tuple[list[int], list[int]]:
+    """At least ``room`` filler tokens, and the indices of the tokens that start a sentence (where a needle
+    goes in without splitting one; just [0] for a tokenizer that cannot map tokens to characters)."""
+    text = REPEAT_FILLER * (room // 8 + 2)  # a filler sentence takes more than 8 tokens
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, KeyError, TypeError, ValueError):  # a slow (Python) tokenizer
+        return _encode(tokenizer, text), [0]
+    starts = {0} | {i for i in range(2, len(text)) if text[i - 2 : i] == ". "}
+    # A sentence-starting token begins at its first letter, or at the space before it (GPT-2 style BPE).
+    bounds = [t for t, (a, _) in enumerate(offsets) if a in starts or (a + 1 in starts and text[a] == " ")]
+    return list(enc["input_ids"]), bounds
+
+
+def _keys(seed: int, trials: int) -> list[str]:
+    # One generator per trial: the i-th key is the same whatever the number of trials.
+    return [
+        str(random.Random(f"posenc-passkey-{seed}-{i}").randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS))
+        for i in range(trials)
+    ]
+
+
+def passkey_prompts(
+    tokenizer, length: int, trials: int, *, seed: int = 0, chat: bool = True
+) -> list[PasskeyPrompt]:
+    """``trials`` prompts of exactly ``length`` tokens with the needle at evenly spaced depths (0 to 1; 0.5
+    for one trial), at the start of the filler sentence there, and keys drawn from ``seed``. ``chat``: use
+    the tokenizer's chat template if it has one.
+
+    Raises ValueError when ``length`` cannot hold the instruction, the needle, the question and the key.
+    """
+    before, after_text = _frame(tokenizer, chat)
+    after = _encode(tokenizer, after_text)
+    filler, bounds = _filler(tokenizer, length)
+    prompts = []
+    for i, key in enumerate(_keys(seed, trials)):
+        needle = _encode(tokenizer, " " + _NEEDLE.format(key=key).strip())  # a sentence like the filler's
+        answer = _answer(tokenizer, after, after_text, key)
+        room = length - len(before) - len(needle) - len(after) - len(answer)
+        if room < 0:
+            raise ValueError(
+                f"passkey length {length} is too short: this model's prompt (instruction, needle, question) "
+                f"and key take {length - room} tokens; use longer --lengths or --passkey-trials 0"
+            )
+        depth = i / (trials - 1) if trials > 1 else 0.5
+        cut = max(b for b in bounds if b <= round(depth * room))  # at the start of a filler sentence
+        ids = before + filler[:cut] + needle + filler[cut:room] + after + answer
+        prompts.append(PasskeyPrompt(tuple(ids), len(answer), key, depth, len(before) + cut))
+    return prompts

@@ -1,0 +1,244 @@
+"""What ``posenc extend`` writes: results.json, results.md (tables and a factual summary) and extend.png.
+
+The payload (built by :mod:`posenc.real.extend`)::
+
+    {"model": {...}, "train_len": int, "factor": float, "lengths": [...], "score_tokens": int,
+     "short_tokens": int, "short_length": int | None, "corpus": {"path", "windows": [{"document", "end"}]},
+     "passkey": {"trials", "digits", "seed", "chat_template"},
+     "results": [{"method", "description", "scaling", "ppl": {"<len>": float}, "ppl_all": {...},
+                  "ppl_short": float, "passkey": {"<len>": float | None}, "passkey_hits", "passkey_ci95",
+                  "passkey_trials": {"<len>": [{"depth", "key", "hit", "answer"}]},
+                  "ppl_by_context": {"<len>": [[start, end, ppl], ...]}, "same_as": {"<len>": method},
+                  "seconds", "seconds_by_length", "peak_mib"}],
+     "provenance": {...}}
+
+Values are None where not measured (yet: a running or killed run writes what is done).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from posenc.lab.checkpoint import write_text_atomic
+from posenc.lab.report import grid_table, save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["extend_figure", "markdown", "summary", "write"]
+
+
+def _num(v: float | None, digits: int = 2) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.{digits}f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _mult(n: int, train_len: int) -> str:
+    return f"{n / train_len:g}x"
+
+
+def _passkey_cell(row: dict, n: int) -> str:
+    key = str(n)
+    if row["passkey"].get(key) is None:
+        return "n/a"
+    lo, hi = row["passkey_ci95"][key]
+    return f"{row['passkey'][key]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _relative(v: float | None, ref: float | None) -> str:
+    if v is None or ref is None:
+        return "n/a"
+    return f"{v:.2f} ({100 * (v / ref - 1):+.1f}%)"
+
+
+def markdown(payload: dict) -> str:
+    """The report: what was run, the tables, the summary."""
+    m, L, rows = payload["model"], payload["train_len"], payload["results"]
+    lengths = payload["lengths"]
+    pk = payload["passkey"]
+    none = next((r for r in rows if r["method"] == "none"), None)
+    lines = [
+        f"# posenc extend: {m['name']}",
+        "",
+        f"{m['model_type']}, {m['parameters'] / 1e6:.1f}M parameters, trained at {L} tokens; {m['dtype']} on "
+        f"{m['device']}. Extension factor {payload['factor']:g} (the longest length over the trained "
+        f"length). {len(payload['corpus']['windows'])} windows per length, from "
+        f"{payload['corpus']['path'] or 'the Python standard library'}, ending at the same tokens at every "
+        f"length.",
+        "",
+        f"## Perplexity of the last {payload['score_tokens']} tokens of each window (the same tokens at "
+        "every length)",
+        "",
+    ]
+    head = ["method"] + [f"ppl@{n} ({_mult(n, L)})" for n in lengths]
+    lines.append(
+        grid_table(head, [[r["method"]] + [_num(r["ppl"][str(n)]) for n in lengths] for r in rows], 1)
+    )
+    if pk["trials"]:
+        how = "in the model's chat template" if pk["chat_template"] else "as plain text"
+        lines += [
+            "",
+            f"## Passkey retrieval: accuracy [95% Wilson interval] of {pk['trials']} prompts per length",
+            "",
+            f"A {pk['digits']}-digit key at evenly spaced depths of repeated filler, asked {how}; a hit is "
+            "the key's every token as the greedy choice.",
+            "",
+        ]
+        head = ["method"] + [f"passkey@{n} ({_mult(n, L)})" for n in lengths]
+        lines.append(
+            grid_table(head, [[r["method"]] + [_passkey_cell(r, n) for n in lengths] for r in rows], 1)
+        )
+    short = payload["short_length"]
+    lines += ["", "## Cost inside the trained length, time and memory", ""]
+    head = [
+        "method",
+        f"ppl, first {payload['short_tokens']} tokens @{short} (vs none)" if short else "short-prompt ppl",
+        *(f"ppl, all tokens @{n}" for n in lengths),
+        "seconds",
+        "peak MiB",
+        "note",
+    ]
+    body = []
+    for r in rows:
+        same = "; ".join(f"@{n}: same schedule as {o}, measured once" for n, o in r["same_as"].items())
+        body.append(
+            [
+                r["method"],
+                _relative(r["ppl_short"], none and none["ppl_short"]),
+                *(_num(r["ppl_all"][str(n)]) for n in lengths),
+                f"{r['seconds']:.0f}",
+                _num(r["peak_mib"], 0),
+                same,
+            ]
+        )
+    lines.append(grid_table(head, body, 2))
+    longest = str(lengths[-1])
+    curves = [r for r in rows if r["ppl_by_context"].get(longest)]
+    if curves:
+        buckets = curves[0]["ppl_by_context"][longest]
+        lines += ["", f"## Perplexity by context length at {longest} tokens", ""]
+        head = ["method"] + [f"{a}-{b}" for a, b, _ in buckets]
+        body = [[r["method"]] + [_num(p) for *_, p in r["ppl_by_context"][longest]] for r in curves]
+        lines.append(grid_table(head, body, 1))
+    facts = summary(payload)
+    if facts:
+        lines += ["", "## Summary", "", *(f"- {f}" for f in facts)]
+    lines += ["", "## Methods", "", *(f"- **{r['method']}**: {r['description']}" for r in rows)]
+    return "\n".join(lines) + "\n"
+
+
+def summary(payload: dict) -> list[str]:
+    """Facts read off the results: the best method at each length past the trained one, by perplexity and by
+    passkey, and what each costs a short prompt. No verdict beyond the numbers."""
+    rows, L = payload["results"], payload["train_len"]
+    facts = []
+    none = next((r for r in rows if r["method"] == "none"), None)
+    for n in (n for n in payload["lengths"] if n > L):
+        key = str(n)
+        scored = [(r["ppl"][key], r["method"]) for r in rows if r["ppl"][key] is not None]
+        if scored:
+            best, name = min(scored)
+            base = f" (as trained: {_num(none['ppl'][key])})" if none and none["ppl"][key] is not None else ""
+            facts.append(
+                f"At {n} tokens ({_mult(n, L)}) the lowest perplexity is {name}'s, {_num(best)}{base}."
+            )
+        keyed = [(r["passkey"][key], r["method"]) for r in rows if r["passkey"].get(key) is not None]
+        if keyed:
+            top = max(a for a, _ in keyed)
+            names = ", ".join(m for a, m in keyed if a == top)
+            facts.append(f"Passkey at {n} tokens: best {top:.2f} ({names}).")
+    if none and none["ppl_short"] is not None:
+        costs = [
+            f"{r['method']} {100 * (r['ppl_short'] / none['ppl_short'] - 1):+.1f}%"
+            for r in rows
+            if r["method"] != "none" and r["ppl_short"] is not None
+        ]
+        if costs:
+            facts.append(
+                f"Short prompts (the first {payload['short_tokens']} tokens), perplexity against the model "
+                f"as trained: {', '.join(costs)}."
+            )
+    return facts
+
+
+def extend_figure(payload: dict) -> Figure:
+    """Perplexity against length (the trained length marked), passkey accuracy against length (Wilson
+    intervals), and perplexity by context length at the longest length; one colour per method."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    rows, L, lengths = payload["results"], payload["train_len"], payload["lengths"]
+    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    ax_ppl, ax_key, ax_ctx = fig.subplots(1, 3)
+    colours = {r["method"]: f"C{i % 10}" for i, r in enumerate(rows)}
+    for i, r in enumerate(rows):
+        c = colours[r["method"]]
+        nudge = 1 + 0.015 * (i - (len(rows) - 1) / 2)  # passkey points side by side, not on top of each other
+        xs = [n for n in lengths if r["ppl"][str(n)] is not None]
+        ax_ppl.plot(xs, [r["ppl"][str(n)] for n in xs], "o-", color=c, label=r["method"])
+        ks = [n for n in lengths if r["passkey"].get(str(n)) is not None]
+        if ks:
+            acc = [r["passkey"][str(n)] for n in ks]
+            lo = [a - r["passkey_ci95"][str(n)][0] for a, n in zip(acc, ks, strict=True)]
+            hi = [r["passkey_ci95"][str(n)][1] - a for a, n in zip(acc, ks, strict=True)]
+            xs = [n * nudge for n in ks]
+            ax_key.errorbar(xs, acc, yerr=[lo, hi], fmt="o-", color=c, capsize=3, label=r["method"])
+        curve = r["ppl_by_context"].get(str(lengths[-1]))
+        if curve:
+            mids = [(a + b) / 2 for a, b, _ in curve]
+            ax_ctx.plot(mids, [p for *_, p in curve], ".-", color=c, label=r["method"])
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for ax in (ax_ppl, ax_key, ax_ctx):
+        ax.axvline(L, color="0.5", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(plain)
+        ax.grid(alpha=0.3)
+    for ax in (ax_ppl, ax_key):
+        ax.set_xticks(lengths)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    for ax in (ax_ppl, ax_ctx):
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+    ax_ppl.set(
+        xlabel="window length (tokens; dashed: trained length)",
+        ylabel=f"perplexity of the last {payload['score_tokens']} tokens",
+        title="Perplexity, the same tokens with more context",
+    )
+    ax_key.set(
+        xlabel="prompt length (tokens)",
+        ylabel="passkey accuracy",
+        ylim=(-0.05, 1.05),
+        title=f"Passkey retrieval ({payload['passkey']['trials']} prompts, 95% CI)",
+    )
+    ax_ctx.set(
+        xlabel="context length of the predicted token",
+        ylabel="perplexity",
+        title=f"Perplexity by context length at {lengths[-1]} tokens",
+    )
+    if not any(r["passkey"].get(str(n)) is not None for r in rows for n in lengths):
+        ax_key.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax_key.transAxes)
+    ax_ppl.legend(fontsize=8)
+    fig.suptitle(f"{payload['model']['name']}: trained at {L} tokens, extended by {payload['factor']:g}")
+    return fig
+
+
+def write(out: Path, payload: dict, *, figure: bool = True) -> tuple[str, list[str]]:
+    """Write results.json, results.md and (with ``figure`` and matplotlib installed) extend.png into ``out``,
+    each atomically. Returns the Markdown and the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(payload)
+    write_text_atomic(out / "results.json", json.dumps(payload, indent=2))
+    write_text_atomic(out / "results.md", text)
+    files = [str(out / "results.json"), str(out / "results.md")]
+    if figure:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return text, files
+        save_figure(extend_figure(payload), out / "extend.png")
+        files.append(str(out / "extend.png"))
+    return text, files
