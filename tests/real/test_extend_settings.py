@@ -1,0 +1,48 @@
+"""posenc.real.extend: what a run measures by default, and the settings it refuses before the model loads."""
+
+import pytest
+import torch
+
+from posenc.real.extend import ExtendSettings, check_settings, resolve
+
+CONFIG = {"model_type": "llama", "max_position_embeddings": 8192, "rope_theta": 1e5}
+
+
+def test_defaults_are_the_trained_length_and_twice_it_on_the_cpu_and_four_times_on_cuda():
+    cpu = resolve(ExtendSettings(), CONFIG, torch.device("cpu"))
+    assert cpu.lengths == (8192, 16384) and cpu.factor == 2.0 and cpu.train_len == 8192
+    assert (cpu.score_tokens, cpu.short_tokens, cpu.short_length) == (1024, 1024, 8192)
+    cuda = resolve(ExtendSettings(), CONFIG, torch.device("cuda"))
+    assert cuda.lengths == (8192, 16384, 32768) and cuda.factor == 4.0
+
+
+def test_explicit_settings_win_and_every_length_scores_the_same_final_tokens():
+    plan = resolve(ExtendSettings(lengths=(2048, 512, 2048), train_len=1024), CONFIG, torch.device("cpu"))
+    assert plan.lengths == (512, 2048) and plan.factor == 2.0
+    assert plan.score_tokens == 64  # an eighth of the shortest length, the same count at every length
+    assert (plan.short_length, plan.short_tokens) == (512, 511)
+    inside = resolve(ExtendSettings(lengths=(4096,), factor=3.0), CONFIG, torch.device("cpu"))
+    assert inside.factor == 3.0 and inside.short_length == 4096
+    beyond = resolve(ExtendSettings(lengths=(16384,)), CONFIG, torch.device("cpu"))
+    assert beyond.short_length is None  # no window inside the trained length: no short-prompt cost
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (ExtendSettings(methods=()), "--methods is empty"),
+        (ExtendSettings(methods=("none", "none")), "--methods names a method twice"),
+        (ExtendSettings(methods=("yarn", "rope")), "--methods: unknown ['rope']"),
+        (ExtendSettings(lengths=(4,)), "--lengths must be an integer >= 16, got 4"),
+        (ExtendSettings(lengths=(64.5,)), "--lengths must be an integer >= 16, got 64.5"),
+        (ExtendSettings(windows=0), "--windows must be an integer >= 1, got 0"),
+        (ExtendSettings(passkey_trials=-1), "--passkey-trials must be an integer >= 0, got -1"),
+        (ExtendSettings(train_len=0), "--train-len must be an integer >= 1, got 0"),
+        (ExtendSettings(factor=float("inf")), "--factor must be a finite number >= 1, got inf"),
+        (ExtendSettings(factor=0.5), "--factor must be a finite number >= 1, got 0.5"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_flag(settings, message):
+    with pytest.raises(ValueError) as info:
+        check_settings(settings)
+    assert message in str(info.value)

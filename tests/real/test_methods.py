@@ -1,0 +1,70 @@
+"""posenc.real.methods: the trained length a config gives, the RoPE each method builds from it."""
+
+import pytest
+import torch
+
+from posenc.hf import rope_settings
+from posenc.real.methods import EXTEND_METHODS, check_extendable, method_rotary, trained_length
+from posenc.rope.frequencies import extension_scaling
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 8192,
+    "rope_theta": 1e5,
+}
+
+
+@pytest.mark.parametrize(
+    "extra, want",
+    [
+        ({}, 8192),
+        ({"original_max_position_embeddings": 4096}, 4096),  # Phi-3's top-level key
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}},
+            2048,
+        ),
+        ({"rope_parameters": {"rope_type": "llama3", "original_max_position_embeddings": 1024}}, 1024),
+    ],
+)
+def test_the_trained_length_is_the_original_context_when_the_config_names_one(extra, want):
+    assert trained_length({**LLAMA, **extra}) == want
+
+
+def test_a_config_without_a_length_asks_for_train_len():
+    with pytest.raises(ValueError, match="give its trained length with --train-len"):
+        trained_length({"model_type": "llama", "rope_theta": 1e4})
+
+
+@pytest.mark.parametrize("method", [m for m in EXTEND_METHODS if m != "none"])
+def test_each_method_is_its_scaling_at_the_factor_counted_from_the_trained_length(method):
+    rot = method_rotary(LLAMA, method, factor=3.0, train_len=2048)
+    assert rot.scaling == extension_scaling(method, 3.0, 2048)
+    assert rot.max_position_embeddings == 2048  # where dynamic NTK starts to scale
+    settings = rope_settings(LLAMA)
+    assert (rot.head_dim, rot.base, rot.layout) == (settings["head_dim"], 1e5, "half")
+    plain = method_rotary(LLAMA, "none", factor=3.0)
+    inv, _ = rot.frequencies(3 * 2048)
+    assert not torch.equal(inv, plain.frequencies(3 * 2048)[0])
+
+
+def test_none_is_the_config_as_it_is_whatever_the_factor():
+    yarn = {
+        **LLAMA,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+    }
+    assert method_rotary(yarn, "none", factor=8.0).scaling == rope_settings(yarn)["scaling"]
+    assert method_rotary(LLAMA, "none", factor=8.0).scaling is None
+    with pytest.raises(
+        ValueError, match="method must be one of none, pi, ntk, dynamic, yarn, llama3; got 'selfextend'"
+    ):
+        method_rotary(LLAMA, "selfextend", factor=2.0)
+
+
+def test_models_it_cannot_give_one_rope_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="gemma3_text has a per-layer position plan"):
+        check_extendable({"model_type": "gemma3_text", "head_dim": 64, "rope_theta": 1e6})
+    with pytest.raises(ValueError, match="describes no rotary embedding"):
+        check_extendable({"model_type": "gpt2", "n_embd": 64, "n_head": 4})
+    check_extendable(LLAMA)
