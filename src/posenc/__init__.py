@@ -22,6 +22,7 @@ from .bias import (
     T5Bias,
     alibi_slopes,
 )
+from .remap import STRING, ReRoPE, SelfExtend
 from .rope import (
     AxialRotaryEmbedding,
     MRotaryEmbedding,
@@ -55,8 +56,11 @@ __all__ = [
     "MRotaryEmbedding",
     "NoPositionalEncoding",
     "PositionError",
+    "ReRoPE",
     "RotaryEmbedding",
+    "STRING",
     "SandwichBias",
+    "SelfExtend",
     "ScoreBias",
     "ShawRelative",
     "SinusoidalEncoding",

@@ -18,6 +18,9 @@ kernels, :mod:`posenc.kernels`), then attends:
   depend on the query content: its own ``attend``, blocks of queries under a checkpoint
   (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
 * a bias tensor: added as given (it is already materialised).
+
+With ``remap=`` (:mod:`posenc.remap`: SelfExtend, ReRoPE, STRING), causal RoPE attention at remapped
+distances: q and k are rotated once per view of the remap and attended block by block of queries.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from . import _checks
 from .bias import ALiBi
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
+from .remap import Remap, remap_attention
 from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
@@ -157,6 +161,33 @@ def _mask_tensor(bias: torch.Tensor, q: torch.Tensor, causal: bool, k_len: int):
     return mask, None
 
 
+def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale):
+    if not isinstance(remap, Remap):
+        raise ValueError(
+            f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING) or None, got {remap!r}"
+        )
+    if not isinstance(rotary, RotaryEmbedding):
+        raise ValueError(
+            f"remap={remap!r} remaps RoPE distances: it needs rotary=posenc.RotaryEmbedding(...), got "
+            f"rotary={type(rotary).__name__ if rotary is not None else None}"
+        )
+    if not causal:
+        raise ValueError(
+            f"remap={remap!r} is defined for causal attention only (keys at or before the query)"
+        )
+    if bias is not None:
+        raise ValueError(f"remap={remap!r} takes no bias (got {type(bias).__name__}); pass one or the other")
+    if positions is not None or k_positions is not None:
+        raise ValueError(
+            f"remap={remap!r} takes positions from offset= (keys offset.., queries the last of them); "
+            "positions= and k_positions= are not supported with it"
+        )
+    scale = None if scale is None else _checks.positive_float("scale", scale)
+    if q.shape[-2] == 0:
+        return q.new_empty(*q.shape[:-1], v.shape[-1])
+    return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -169,6 +200,7 @@ def attention(
     k_positions: torch.Tensor | None = None,
     offset: int = 0,
     scale: float | None = None,
+    remap: Remap | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
 
@@ -189,11 +221,16 @@ def attention(
         offset: position of the first key when no positions are given (decoding with a cache of unrotated
             keys: 0; a sliding chunk: its start).
         scale: score scale, default 1/sqrt(head_dim) (T5 uses 1.0).
+        remap: a :class:`~posenc.remap.Remap` (SelfExtend, ReRoPE, STRING): training-free context extension,
+            ``rotary``'s RoPE at remapped distances; q and k unrotated (with a cache: unrotated keys), causal,
+            positions from ``offset``.
 
     Returns:
         (batch, heads, q_len, v_dim).
     """
     _check_qkv(q, k, v, causal)
+    if remap is not None:
+        return _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale)
     if rotary is not None:
         if not isinstance(rotary, RotaryEmbedding):
             raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")

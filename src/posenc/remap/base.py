@@ -1,0 +1,155 @@
+"""Remapped-distance attention: the one computation behind training-free RoPE context extension.
+
+A RoPE score depends on the query and key positions only through their distance d = i - j. A remap
+replaces d by f(d), chosen so that no query meets a distance it was not trained on, by scoring each pair
+with queries and keys rotated at other positions. Every remap here is piecewise: a few *views*, each a pair
+of position vectors (where the queries are rotated, where the keys are rotated) used for the pairs whose
+true distance lies in one band [lo, hi); the bands partition [0, inf). SelfExtend, ReRoPE and STRING take
+two views: the true positions near the diagonal, and a remapped pair beyond a window.
+
+:func:`remap_attention` rotates q and k once per view, then attends block by block of queries (the
+checkpointed kernel of :mod:`posenc.kernels.query_blocked`): each block scores its keys with the view whose
+band holds their distance, over the key range that band can reach, so no (heads, L, L) tensor is formed
+and the gradients are exact. Causal only: a remapped distance is defined for keys at or before the query.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import _checks
+from ..kernels.query_blocked import query_blocked_attention
+
+__all__ = ["Remap", "View", "remap_attention"]
+
+
+@dataclass(frozen=True)
+class View:
+    """Queries rotated at ``q`` (Lq,) and keys at ``k`` (Lk,) (float64 positions), for the pairs whose
+    distance d = i - j has lo <= d < hi."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    lo: float
+    hi: float
+
+
+class Remap:
+    """A remapped-distance scheme (module docstring). Subclasses give :meth:`views` and :meth:`distance`,
+    and may give :meth:`query_scale`."""
+
+    def views(self, i: torch.Tensor, j: torch.Tensor) -> tuple[View, ...]:
+        """The views for queries at absolute positions ``i`` (Lq,) and keys at ``j`` (Lk,), int64 (the
+        queries are the last Lq of the keys' positions)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement views()")
+
+    def distance(self, d: float) -> float:
+        """The remapped distance f(d) of a true distance d >= 0 (the largest one decides what a model must
+        have been trained on)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement distance()")
+
+    def query_scale(self, i: torch.Tensor) -> torch.Tensor | None:
+        """A factor per query (Lq,) that multiplies it before scoring, or None."""
+        return None
+
+    def check_length(self, k_len: int, trained: int | None) -> None:
+        """Raise when the largest distance of ``k_len`` tokens, remapped, exceeds the ``trained`` length."""
+        if trained is None or k_len < 1:
+            return
+        far = self.distance(k_len - 1)
+        if far > trained - 1:
+            raise ValueError(
+                f"{self!r} maps {k_len} tokens to distances up to {far:g}, past the rotary's "
+                f"max_position_embeddings={trained}: the model never saw them; {self.widen_hint()}"
+            )
+
+    def widen_hint(self) -> str:
+        return "choose parameters that map the sequence inside the trained length"
+
+
+def _band_slice(lo: float, hi: float, first: int, last: int, n_keys: int) -> tuple[int, int]:
+    """The key indices [a, b) a band can reach from queries first..last (indices as positions)."""
+    a = 0 if math.isinf(hi) else max(0, first - int(hi) + 1)
+    b = min(n_keys, last - int(math.ceil(lo)) + 1)
+    return a, max(a, b)
+
+
+def _views_block(q, k, v, q_pos, k_pos, causal, scale, bands: tuple, dim: int) -> torch.Tensor:
+    """One block of queries (query_blocked's protocol): q (B, Hk, G, n, V*dim), k (B, Hk, nk, V*dim),
+    v (B, Hk, nk, Dv); each key scored with the view whose band holds its distance."""
+    d = q_pos[:, None] - k_pos[None, :]
+    shape = (*q.shape[:-1], k.shape[-2])
+    scores = q.new_full(shape, -math.inf)
+    first, last = int(q_pos[0]), int(q_pos[-1])
+    k_first = int(k_pos[0])
+    for n, (lo, hi) in enumerate(bands):
+        a, b = _band_slice(lo, hi, first - k_first, last - k_first, k.shape[-2])
+        if a >= b:
+            continue
+        qv, kv = q[..., n * dim : (n + 1) * dim], k[..., a:b, n * dim : (n + 1) * dim]
+        s = torch.matmul(qv, kv.unsqueeze(2).transpose(-1, -2)) * scale
+        dd = d[:, a:b]
+        scores[..., a:b] = torch.where((dd >= lo) & (dd < hi), s, scores[..., a:b])
+    weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights, v.unsqueeze(2))
+
+
+def remap_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotary,
+    remap: Remap,
+    *,
+    offset: int = 0,
+    scale: float | None = None,
+    block: int | None = None,
+    kernel: str | None = None,
+) -> torch.Tensor:
+    """Causal attention with ``rotary``'s RoPE at ``remap``'s distances (module docstring).
+
+    q (B, H, Lq, D) and k (B, Hk, Lk, D) unrotated; v (B, Hk, Lk, Dv); Hk divides H; Lq <= Lk, the queries
+    being the last Lq of the keys' positions offset .. offset+Lk-1 (decoding with a cache of unrotated keys:
+    every new query remaps every cached key anew). Length-dependent schedules (dynamic NTK, LongRoPE) use
+    offset + Lk as the context. An unscaled rotary with ``max_position_embeddings`` (the trained length)
+    refuses a remap that would still reach past it. Returns (B, H, Lq, Dv).
+
+    ``kernel``: "flash" (torch's CPU flash kernel on blocks of queries and key ranges, merged by their
+    log-sum-exps: :mod:`posenc.kernels.remap_blocked`) or "blocks" (each block of queries materialised under
+    a checkpoint, any device); default "flash" on the CPU outside torch.compile, else "blocks".
+    """
+    offset = _checks.non_negative_int("offset", offset)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if rotary.scaling is None:  # a scaled schedule is the model's own extension past its trained length
+        remap.check_length(offset + lk, rotary.max_position_embeddings)
+    j = torch.arange(offset, offset + lk, device=q.device)
+    i = j[lk - lq :]
+    views = remap.views(i, j)
+    context = offset + lk
+    qs, ks = [], []
+    factor = remap.query_scale(i)
+    for view in views:
+        qv = rotary.rotate(q, positions=view.q, context_len=context)
+        if factor is not None:
+            qv = qv * factor.to(qv.dtype)[:, None]
+        qs.append(qv)
+        ks.append(rotary.rotate(k, positions=view.k, context_len=context))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    bands = tuple((w.lo, w.hi) for w in views)
+    if kernel is None:
+        kernel = "flash" if q.device.type == "cpu" and not _checks.tracing() else "blocks"
+    if kernel == "flash":
+        from ..kernels.remap_blocked import remap_attention_blocked
+
+        return remap_attention_blocked(torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block)
+    if kernel != "blocks":
+        raise ValueError(f"kernel must be 'flash', 'blocks' or None, got {kernel!r}")
+    fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1])
+    width = len(views) + 4  # the scores, the weights, one view's scores and its band mask, per block
+    return query_blocked_attention(
+        fn, torch.cat(qs, -1), torch.cat(ks, -1), v, causal=True, scale=scale, width=width, block=block
+    )
