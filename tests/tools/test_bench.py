@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc.cli import main
-from posenc.tools.benchmarks import attention, biases, memory, rope
+from posenc.tools.benchmarks import attention, biases, memory, remaps, rope
 from posenc.tools.benchmarks.presets import PRESETS
 from posenc.tools.benchmarks.targets import targets, targets_table
 
@@ -23,7 +23,7 @@ def test_bench_quick_writes_table_and_json(tmp_path, capsys):
     assert "RoPE on q and k" in printed and "ALiBi attention" in printed and f"wrote {out}" in printed
     result = json.loads(out.read_text())
     assert result["device"] == "cpu" and result["quick"] is True and result["targets"] == []
-    assert result["bias"] == []  # --quick leaves the biases to --only bias
+    assert result["bias"] == [] and result["remap"] == []  # --quick leaves them to --only bias / remap
     combos = {(r["dtype"], r["layout"], r["mode"]) for r in result["rope"]}
     dtypes, layouts, modes = ("float32", "bfloat16"), ("half", "interleaved"), ("out", "inplace")
     assert combos == {(d, lay, m) for d in dtypes for lay in layouts for m in modes}
@@ -248,3 +248,17 @@ def test_bench_only_bias_runs_the_bias_lengths(tmp_path, capsys, monkeypatch):
     result = json.loads(out.read_text())
     assert result["rope"] == result["attention"] == result["serving"] == [] and result["targets"] == []
     assert [(r["seq"], r["mode"]) for r in result["bias"]] == [(s, m) for s in (48, 64) for m in biases.MODES]
+
+
+def test_remap_rows_time_every_remap_against_rope_attention(monkeypatch):
+    monkeypatch.setattr(remaps, "in_child", lambda module, *args: remaps.measure(*args))  # in this process
+    rows = remaps.run(_tiny_bias_preset(), torch.device("cpu"), repeat=1)
+    assert [(r["remap"], r["mode"]) for r in rows] == [(n, m) for m in biases.MODES for n in remaps.REMAPS]
+    for r in rows:
+        assert r["seconds"] > 0 and r["x_rope"] == pytest.approx(r["seconds"] / r["rope_seconds"])
+        assert r["peak_bytes"] >= 0 and r["parameters"].startswith(("SelfExtend(", "ReRoPE(", "STRING("))
+    assert remaps.remap_table(rows).count("\n") == len(rows) + 1
+    child = attention.in_child(remaps.__name__, "SelfExtend", "forward+backward", 64, 4, 16, 1)
+    assert {"seconds", "peak_bytes", "rope_seconds", "x_rope"} <= set(child), child
+    with pytest.raises(ValueError, match="remap must be one of"):
+        remaps.measure("DCA", "forward", 64, 2, 16, 1)

@@ -63,10 +63,10 @@ def run_bench(args: argparse.Namespace) -> int:
             "posenc bench: error: --device cuda: no CUDA device is available on this machine", file=sys.stderr
         )
         return 2
-    from .benchmarks import attention, biases, presets, rope, serving, targets
+    from .benchmarks import attention, biases, presets, remaps, rope, serving, targets
 
     preset = presets.preset(device, args.quick)
-    bias_lengths = preset.bias_lengths if args.only == "bias" else preset.bias_default_lengths
+    bias_lengths = preset.bias_lengths if args.only in ("bias", "remap") else preset.bias_default_lengths
     result = {"device": device.type, "quick": bool(args.quick), "machine": _machine(device)}
     print(_summary(result["machine"]))
     parts = {
@@ -74,6 +74,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "serving": (lambda: serving.run(device, args.quick, args.repeat), serving.serving_table),
         "attention": (lambda: attention.run(preset, device, args.repeat), attention.attention_table),
         "bias": (lambda: biases.run(preset, device, args.repeat, bias_lengths), biases.bias_table),
+        "remap": (lambda: remaps.run(preset, device, args.repeat, bias_lengths), remaps.remap_table),
     }
     for name, (run, table) in parts.items():
         result[name] = run() if args.only in (None, name) else []
@@ -124,9 +125,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
     p.add_argument(
         "--only",
-        choices=("rope", "serving", "attention", "bias"),
+        choices=("rope", "serving", "attention", "bias", "remap"),
         help="run one part only (serving: decode/prefill; bias: every score bias at L = 2048, 8192 and "
-        "16384, forward and forward+backward, with its targets; a plain CPU run does L = 2048 only)",
+        "16384, forward and forward+backward, with its targets; remap: SelfExtend, ReRoPE, leaky ReRoPE and "
+        "STRING at the same lengths against RoPE attention; a plain CPU run does L = 2048 only)",
     )
     p.add_argument(
         "--repeat",
