@@ -49,10 +49,26 @@ def _parts(p0: int, p1: int, k_len: int, bands):
                 yield view, j0, j1, edge
 
 
-def _edge_mask(p0: int, p1: int, j0: int, j1: int, lo: float, hi: float, dtype, device) -> torch.Tensor:
-    d = torch.arange(p0, p1, device=device)[:, None] - torch.arange(j0, j1, device=device)[None, :]
-    inside = (d >= lo) & (d < hi)
-    return torch.zeros(inside.shape, dtype=dtype, device=device).masked_fill_(~inside, _MASKED)[None, None]
+class _EdgeMasks:
+    """The additive (1, 1, n, m) masks of band edges: 0 where lo <= i - j < hi, else about -1e30. A mask
+    depends only on the band, the block's shape and where its keys start relative to its queries, which
+    repeats from block to block, so each is built once per call."""
+
+    def __init__(self, bands, dtype, device):
+        self.bands, self.dtype, self.device = bands, dtype, device
+        self.made: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, view: int, p0: int, p1: int, j0: int, j1: int) -> torch.Tensor:
+        key = (view, p0 - j0, p1 - p0, j1 - j0)
+        if key not in self.made:
+            lo, hi = self.bands[view]
+            d = torch.arange(p0 - j0, p1 - j0, device=self.device)[:, None] - torch.arange(
+                j1 - j0, device=self.device
+            )
+            outside = (d < lo) | (d >= hi)
+            mask = torch.zeros(outside.shape, dtype=self.dtype, device=self.device)
+            self.made[key] = mask.masked_fill_(outside, _MASKED)[None, None]
+        return self.made[key]
 
 
 def _blocks(lq: int, lk: int, block: int):
@@ -74,10 +90,11 @@ class BlockedRemapAttention(torch.autograd.Function):
         lk = ks.shape[3]
         out = qs.new_empty((b, h, lq, v.shape[-1]))
         lse = qs.new_empty((b, h, lq))
+        masks = _EdgeMasks(bands, work, qs.device)
         for t0, t1, p0, p1 in _blocks(lq, lk, block):
             o_all = l_all = None
             for view, j0, j1, edge in _parts(p0, p1, lk, bands):
-                mask = _edge_mask(p0, p1, j0, j1, *bands[view], work, qs.device) if edge else None
+                mask = masks(view, p0, p1, j0, j1) if edge else None
                 o_p, l_p = _flash(
                     qs[view, :, :, t0:t1], ks[view, :, :, j0:j1], vw[:, :, j0:j1], attn_mask=mask, scale=scale
                 )
@@ -102,10 +119,11 @@ class BlockedRemapAttention(torch.autograd.Function):
         go = grad_out.to(work).contiguous()
         lq, lk = qs.shape[3], ks.shape[3]
         dqs, dks, dv = torch.zeros_like(qs), torch.zeros_like(ks), torch.zeros_like(vw)
+        masks = _EdgeMasks(bands, work, qs.device)
         for t0, t1, p0, p1 in _blocks(lq, lk, block):
             gob, ob, lb = go[:, :, t0:t1], out[:, :, t0:t1], lse[:, :, t0:t1].contiguous()
             for view, j0, j1, edge in _parts(p0, p1, lk, bands):
-                mask = _edge_mask(p0, p1, j0, j1, *bands[view], work, qs.device) if edge else None
+                mask = masks(view, p0, p1, j0, j1) if edge else None
                 dq, dk, dvp = _flash_bwd(
                     gob,
                     qs[view, :, :, t0:t1],

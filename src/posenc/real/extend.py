@@ -3,7 +3,7 @@ each length.
 
 For every method (:data:`~posenc.real.methods.EXTEND_METHODS`) and length, the model runs with the
 method's RoPE (:func:`~posenc.real.methods.method_rotary`, factor = the longest length over the trained
-length) over:
+length) or its remapped distances (:func:`~posenc.real.methods.method_remap`) over:
 
 - ``windows`` windows that end at the same tokens at every length (:mod:`posenc.real.corpus`), scored on
   their last ``score_tokens`` tokens (the same tokens at every length), on all their tokens, on their
@@ -13,12 +13,12 @@ length) over:
   (:mod:`posenc.real.passkey`).
 
 Work is saved after every forward pass, in ``<out>/cells/<length>-<schedule>.json``: a cell holds the
-results of one RoPE schedule at one length, keyed by the model, dtype, device type and schedule, and each
-result in it by a digest of the tokens it scored. A killed run loses at most one forward pass; a rerun, or
-one with more windows or methods, computes only what is missing. Two methods whose schedules coincide at
+results of one RoPE schedule (and remap) at one length, keyed by the model, dtype, device type and
+schedule, and each result in it by a digest of the tokens it scored. A killed run loses at most one
+forward pass; a rerun, or one with more windows or methods, computes only what is missing. Two methods whose schedules coincide at
 a length (dynamic NTK inside the trained length is the model as trained) share one cell.
 
-Output: ``results.json`` (see :func:`posenc.real.report.payload`), ``results.md``, ``extend.png``.
+Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``, ``extend.png``.
 """
 
 from __future__ import annotations
