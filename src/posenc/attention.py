@@ -20,7 +20,9 @@ kernels, :mod:`posenc.kernels`), then attends:
 * a bias tensor: added as given (it is already materialised).
 
 With ``remap=`` (:mod:`posenc.remap`: SelfExtend, ReRoPE, STRING), causal RoPE attention at remapped
-distances: q and k are rotated once per view of the remap and attended block by block of queries.
+distances: q and k are rotated once per view of the remap and attended block by block of queries. With
+``sinks=`` (a learned logit per head), every softmax row has one more entry with no value; it runs on the
+same kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from . import _checks
 from .bias import ALiBi
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
-from .remap import Remap, remap_attention
+from .remap import NoRemap, Remap, remap_attention
 from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
@@ -161,12 +163,43 @@ def _mask_tensor(bias: torch.Tensor, q: torch.Tensor, causal: bool, k_len: int):
     return mask, None
 
 
-def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale):
+def _check_sinks(sinks, q) -> torch.Tensor:
+    heads = q.shape[1]
+    if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or not sinks.is_floating_point():
+        got = f"shape {tuple(sinks.shape)}, {sinks.dtype}" if isinstance(sinks, torch.Tensor) else repr(sinks)
+        raise ValueError(
+            f"sinks must be a float tensor of shape ({heads},), one logit per query head; got {got}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks must be on q's device {q.device}, got {sinks.device}")
+    if _checks.can_read(sinks) and not bool(torch.isfinite(sinks).all()):
+        raise ValueError(f"sinks must be finite, got {sinks.tolist()}")
+    return sinks
+
+
+def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks):
+    if sinks is not None:
+        sinks = _check_sinks(sinks, q)
+        if not causal:
+            raise ValueError("sinks= works with causal attention only")
+        if remap is None:
+            if rotary is not None and not isinstance(rotary, RotaryEmbedding):
+                raise ValueError(
+                    f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}"
+                )
+            if bias is not None:
+                raise ValueError(f"sinks= takes no bias (got {type(bias).__name__}); pass one or the other")
+            if positions is not None or k_positions is not None or (rotary is None and offset):
+                raise ValueError(
+                    "sinks= takes positions from offset= (with rotary=): positions= and k_positions= are not "
+                    "supported with it"
+                )
+            remap = NoRemap()
     if not isinstance(remap, Remap):
         raise ValueError(
             f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING) or None, got {remap!r}"
         )
-    if not isinstance(rotary, RotaryEmbedding):
+    if not isinstance(rotary, RotaryEmbedding) and not (rotary is None and isinstance(remap, NoRemap)):
         raise ValueError(
             f"remap={remap!r} remaps RoPE distances: it needs rotary=posenc.RotaryEmbedding(...), got "
             f"rotary={type(rotary).__name__ if rotary is not None else None}"
@@ -185,7 +218,7 @@ def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_position
     scale = None if scale is None else _checks.positive_float("scale", scale)
     if q.shape[-2] == 0:
         return q.new_empty(*q.shape[:-1], v.shape[-1])
-    return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale)
+    return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale, sinks=sinks)
 
 
 def attention(
@@ -201,6 +234,7 @@ def attention(
     offset: int = 0,
     scale: float | None = None,
     remap: Remap | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
 
@@ -224,13 +258,18 @@ def attention(
         remap: a :class:`~posenc.remap.Remap` (SelfExtend, ReRoPE, STRING): training-free context extension,
             ``rotary``'s RoPE at remapped distances; q and k unrotated (with a cache: unrotated keys), causal,
             positions from ``offset``.
+        sinks: (heads,) learned logits, one more entry of every softmax row per head with no value
+            (attention sinks, as in GPT-OSS and flash-attention's ``learnable_sink``); causal, without a
+            bias, with or without ``rotary``/``remap``; gradients flow to them.
 
     Returns:
         (batch, heads, q_len, v_dim).
     """
     _check_qkv(q, k, v, causal)
-    if remap is not None:
-        return _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale)
+    if remap is not None or sinks is not None:
+        return _remap_attention(
+            q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks
+        )
     if rotary is not None:
         if not isinstance(rotary, RotaryEmbedding):
             raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")

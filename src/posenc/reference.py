@@ -544,13 +544,15 @@ def remapped_attention(
     attention_factor: float = 1.0,
     query_scale: np.ndarray | None = None,
     scale: float | None = None,
+    sinks: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal RoPE attention where pair (i, j) scores at the remapped ``distance[i, j]`` (NaN: masked).
 
     RoPE's score depends on positions only through their difference: rot(q, p) . rot(k, p') =
     rot(q, p - p') . rot(k, 0). So query i is rotated, for each key j, by distance[i, j], and the key at 0.
     q: (..., Lq, d); k: (..., Lk, d); v: (..., Lk, dv); ``query_scale`` (Lq,) multiplies each query first
-    (ReRoPE's log-n scaling).
+    (ReRoPE's log-n scaling). ``sinks`` (heads,): attention sinks (as in GPT-OSS), one more logit per row of
+    head h's softmax whose value is zero; q's third-last axis is the heads.
     """
     q, k, v = (_array(t) for t in (q, k, v))
     dist = _array(distance)
@@ -568,4 +570,7 @@ def remapped_attention(
         qi = np.broadcast_to(q[..., i : i + 1, :], (*q.shape[:-2], lk, q.shape[-1]))
         rotated = rope(qi, np.where(seen, dist[i], 0.0), **kw)
         scores[..., i, :] = np.where(seen, (rotated * k0).sum(-1) * scale, -np.inf)
-    return softmax(scores) @ v
+    if sinks is None:
+        return softmax(scores) @ v
+    column = np.broadcast_to(_array(sinks)[:, None, None], (*scores.shape[:-1], 1))
+    return softmax(np.concatenate([scores, column], axis=-1))[..., :-1] @ v

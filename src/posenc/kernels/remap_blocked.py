@@ -10,6 +10,10 @@ rotated queries and keys; the parts are merged with their log-sum-exps, as in fl
 mask, so its weight in the merge is exactly 0. Backward calls the kernel's own backward per part with the
 merged output and log-sum-exp, so each part sees the global softmax: memory stays O(L) in backward too.
 
+Attention sinks (a learned logit s_h per head, one more entry of every softmax row with no value) are one
+more part with log-sum-exp s_h and output 0: the output shrinks by sigmoid(lse - s_h); in backward the
+kernel's gradients with the merged log-sum-exp are exact, and s_h gets -sum_i P_sink(i) <dout_i, out_i>.
+
 Grouped-query attention: k and v keep their own heads (the kernel reads head h // group).
 """
 
@@ -82,7 +86,7 @@ class BlockedRemapAttention(torch.autograd.Function):
     """out = softmax over keys j <= i of (q_v(i) . k_v(j) * scale, v the view whose band holds i - j) @ v."""
 
     @staticmethod
-    def forward(ctx, qs, ks, v, bands, scale: float, block: int):
+    def forward(ctx, qs, ks, v, sinks, bands, scale: float, block: int):
         ctx.dtypes = (qs.dtype, ks.dtype, v.dtype)
         work = _work_dtype(qs.dtype)
         qs, ks, vw = qs.to(work), ks.to(work), v.to(work)
@@ -91,6 +95,7 @@ class BlockedRemapAttention(torch.autograd.Function):
         out = qs.new_empty((b, h, lq, v.shape[-1]))
         lse = qs.new_empty((b, h, lq))
         masks = _EdgeMasks(bands, work, qs.device)
+        sink = None if sinks is None else sinks.detach().to(work)[None, :, None]  # (1, H, 1)
         for t0, t1, p0, p1 in _blocks(lq, lk, block):
             o_all = l_all = None
             for view, j0, j1, edge in _parts(p0, p1, lk, bands):
@@ -105,15 +110,18 @@ class BlockedRemapAttention(torch.autograd.Function):
                 # merge two normalised partial softmaxes: the new part's weight is sigmoid(l_p - l_all)
                 o_all = torch.lerp(o_all, o_p, torch.sigmoid(l_p - l_all)[..., None])
                 l_all = torch.logaddexp(l_all, l_p)
+            if sink is not None:  # the sink's part: log-sum-exp s_h, output 0
+                o_all = o_all * torch.sigmoid(l_all - sink)[..., None]
+                l_all = torch.logaddexp(l_all, sink.expand_as(l_all))
             out[:, :, t0:t1] = o_all
             lse[:, :, t0:t1] = l_all
-        ctx.save_for_backward(qs, ks, vw, out, lse)
+        ctx.save_for_backward(qs, ks, vw, out, lse, sinks)
         ctx.bands, ctx.scale, ctx.block = bands, scale, block
         return out.to(ctx.dtypes[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        qs, ks, vw, out, lse = ctx.saved_tensors
+        qs, ks, vw, out, lse, sinks = ctx.saved_tensors
         bands, scale, block = ctx.bands, ctx.scale, ctx.block
         work = qs.dtype
         go = grad_out.to(work).contiguous()
@@ -140,16 +148,23 @@ class BlockedRemapAttention(torch.autograd.Function):
                 dks[view, :, :, j0:j1] += dk
                 dv[:, :, j0:j1] += dvp
         q_dtype, k_dtype, v_dtype = ctx.dtypes
-        return dqs.to(q_dtype), dks.to(k_dtype), dv.to(v_dtype), None, None, None
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            p_sink = torch.exp(sinks.detach().to(work)[None, :, None] - lse)  # (B, H, Lq)
+            dsinks = -(p_sink * (go * out).sum(-1)).sum((0, 2)).to(sinks.dtype)
+        return dqs.to(q_dtype), dks.to(k_dtype), dv.to(v_dtype), dsinks, None, None, None
 
 
-def remap_attention_blocked(qs, ks, v, bands, *, scale: float, block: int | None = None) -> torch.Tensor:
+def remap_attention_blocked(
+    qs, ks, v, bands, *, scale: float, block: int | None = None, sinks: torch.Tensor | None = None
+) -> torch.Tensor:
     """qs (V, B, H, Lq, D) and ks (V, B, Hk, Lk, D): the queries and keys rotated for each of V views;
-    v (B, Hk, Lk, Dv); ``bands``: V (lo, hi) distance bands partitioning [0, inf). Causal, the queries the
-    last Lq of the keys. Returns (B, H, Lq, Dv); differentiable in qs, ks and v."""
+    v (B, Hk, Lk, Dv); ``bands``: V (lo, hi) distance bands partitioning [0, inf); ``sinks`` (H,) or None.
+    Causal, the queries the last Lq of the keys. Returns (B, H, Lq, Dv); differentiable in qs, ks, v and
+    sinks."""
     d, dv = qs.shape[-1], v.shape[-1]
     if d != dv:  # the kernel wants one head size: zero columns change no score and no output
         e = max(d, dv)
         qs, ks, v = F.pad(qs, (0, e - d)), F.pad(ks, (0, e - d)), F.pad(v, (0, e - dv))
-    out = BlockedRemapAttention.apply(qs, ks, v, tuple(bands), float(scale), int(block or BLOCK))
+    out = BlockedRemapAttention.apply(qs, ks, v, sinks, tuple(bands), float(scale), int(block or BLOCK))
     return out[..., :dv]

@@ -15,8 +15,9 @@ length) or its remapped distances (:func:`~posenc.real.methods.method_remap`) ov
 Work is saved after every forward pass, in ``<out>/cells/<length>-<schedule>.json``: a cell holds the
 results of one RoPE schedule (and remap) at one length, keyed by the model, dtype, device type and
 schedule, and each result in it by a digest of the tokens it scored. A killed run loses at most one
-forward pass; a rerun, or one with more windows or methods, computes only what is missing. Two methods whose schedules coincide at
-a length (dynamic NTK inside the trained length is the model as trained) share one cell.
+forward pass; a rerun, or one with more windows or methods, computes only what is missing. Two methods
+whose schedules coincide at a length (dynamic NTK inside the trained length is the model as trained)
+share one cell.
 
 Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``, ``extend.png``.
 """

@@ -24,7 +24,7 @@ import torch
 from .. import _checks
 from ..kernels.query_blocked import query_blocked_attention
 
-__all__ = ["Remap", "View", "remap_attention"]
+__all__ = ["NoRemap", "Remap", "View", "remap_attention"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,20 @@ class Remap:
         return "choose parameters that map the sequence inside the trained length"
 
 
+class NoRemap(Remap):
+    """Every distance as it is: one view at the true positions. With ``sinks=`` this is plain RoPE attention
+    with attention sinks."""
+
+    def __repr__(self) -> str:
+        return "NoRemap()"
+
+    def views(self, i: torch.Tensor, j: torch.Tensor) -> tuple[View, ...]:
+        return (View(i.double(), j.double(), 0, math.inf),)
+
+    def distance(self, d: float) -> float:
+        return d
+
+
 def _band_slice(lo: float, hi: float, first: int, last: int, n_keys: int) -> tuple[int, int]:
     """The key indices [a, b) a band can reach from queries first..last (indices as positions)."""
     a = 0 if math.isinf(hi) else max(0, first - int(hi) + 1)
@@ -78,9 +92,10 @@ def _band_slice(lo: float, hi: float, first: int, last: int, n_keys: int) -> tup
     return a, max(a, b)
 
 
-def _views_block(q, k, v, q_pos, k_pos, causal, scale, bands: tuple, dim: int) -> torch.Tensor:
+def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim: int) -> torch.Tensor:
     """One block of queries (query_blocked's protocol): q (B, Hk, G, n, V*dim), k (B, Hk, nk, V*dim),
-    v (B, Hk, nk, Dv); each key scored with the view whose band holds its distance."""
+    v (B, Hk, nk, Dv); each key scored with the view whose band holds its distance; ``sinks`` (H,), if
+    given, one more logit in every row's softmax, with no value."""
     d = q_pos[:, None] - k_pos[None, :]
     shape = (*q.shape[:-1], k.shape[-2])
     scores = q.new_full(shape, -math.inf)
@@ -94,7 +109,11 @@ def _views_block(q, k, v, q_pos, k_pos, causal, scale, bands: tuple, dim: int) -
         s = torch.matmul(qv, kv.unsqueeze(2).transpose(-1, -2)) * scale
         dd = d[:, a:b]
         scores[..., a:b] = torch.where((dd >= lo) & (dd < hi), s, scores[..., a:b])
-    weights = torch.softmax(scores, dim=-1)
+    if sinks:
+        sink = sinks[0].to(scores.dtype).view(q.shape[1], q.shape[2], 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
     return torch.matmul(weights, v.unsqueeze(2))
 
 
@@ -109,6 +128,7 @@ def remap_attention(
     scale: float | None = None,
     block: int | None = None,
     kernel: str | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention with ``rotary``'s RoPE at ``remap``'s distances (module docstring).
 
@@ -116,7 +136,8 @@ def remap_attention(
     being the last Lq of the keys' positions offset .. offset+Lk-1 (decoding with a cache of unrotated keys:
     every new query remaps every cached key anew). Length-dependent schedules (dynamic NTK, LongRoPE) use
     offset + Lk as the context. An unscaled rotary with ``max_position_embeddings`` (the trained length)
-    refuses a remap that would still reach past it. Returns (B, H, Lq, Dv).
+    refuses a remap that would still reach past it. ``sinks`` (H,): a learned logit per head added to every
+    softmax row as a key with no value (attention sinks, as GPT-OSS has them). Returns (B, H, Lq, Dv).
 
     ``kernel``: "flash" (torch's CPU flash kernel on blocks of queries and key ranges, merged by their
     log-sum-exps: :mod:`posenc.kernels.remap_blocked`) or "blocks" (each block of queries materialised under
@@ -124,7 +145,7 @@ def remap_attention(
     """
     offset = _checks.non_negative_int("offset", offset)
     lq, lk = q.shape[-2], k.shape[-2]
-    if rotary.scaling is None:  # a scaled schedule is the model's own extension past its trained length
+    if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
         remap.check_length(offset + lk, rotary.max_position_embeddings)
     j = torch.arange(offset, offset + lk, device=q.device)
     i = j[lk - lq :]
@@ -133,11 +154,11 @@ def remap_attention(
     qs, ks = [], []
     factor = remap.query_scale(i)
     for view in views:
-        qv = rotary.rotate(q, positions=view.q, context_len=context)
+        qv = q if rotary is None else rotary.rotate(q, positions=view.q, context_len=context)
         if factor is not None:
             qv = qv * factor.to(qv.dtype)[:, None]
         qs.append(qv)
-        ks.append(rotary.rotate(k, positions=view.k, context_len=context))
+        ks.append(k if rotary is None else rotary.rotate(k, positions=view.k, context_len=context))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bands = tuple((w.lo, w.hi) for w in views)
     if kernel is None:
@@ -145,11 +166,22 @@ def remap_attention(
     if kernel == "flash":
         from ..kernels.remap_blocked import remap_attention_blocked
 
-        return remap_attention_blocked(torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block)
+        return remap_attention_blocked(
+            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks
+        )
     if kernel != "blocks":
         raise ValueError(f"kernel must be 'flash', 'blocks' or None, got {kernel!r}")
     fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1])
     width = len(views) + 4  # the scores, the weights, one view's scores and its band mask, per block
+    params = () if sinks is None else (sinks,)
     return query_blocked_attention(
-        fn, torch.cat(qs, -1), torch.cat(ks, -1), v, causal=True, scale=scale, width=width, block=block
+        fn,
+        torch.cat(qs, -1),
+        torch.cat(ks, -1),
+        v,
+        params,
+        causal=True,
+        scale=scale,
+        width=width,
+        block=block,
     )
