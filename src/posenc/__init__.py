@@ -28,6 +28,7 @@ from .rope import (
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryKVCache,
+    StreamingKVCache,
     XPos,
     blockwise_causal_mask,
     convert_layout,
@@ -74,4 +75,5 @@ __all__ = [
     "convert_layout",
     "rerotate_keys",
     "RotaryKVCache",
+    "StreamingKVCache",
 ]

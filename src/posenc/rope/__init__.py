@@ -5,6 +5,7 @@
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
+- :mod:`.streaming`: StreamingLLM's cache, attention-sink tokens and a recent window at cache positions;
 - :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions;
 - :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed;
 - :mod:`.xpos`: xPos (RoPE with a per-pair decay) and the blockwise causal mask.
@@ -16,6 +17,7 @@ from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
 from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
+from .streaming import StreamingKVCache
 from .xpos import XPos, blockwise_causal_mask
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "MRotaryEmbedding",
     "RotaryEmbedding",
     "RotaryKVCache",
+    "StreamingKVCache",
     "XPos",
     "blockwise_causal_mask",
     "convert_layout",
