@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import posenc
 from posenc import RotaryEmbedding
 from posenc import reference as R
 from posenc.rope import embedding
@@ -188,3 +189,28 @@ def test_small_tensor_path_gradients_and_double_backward(layout):
     torch.testing.assert_close(q.grad, k.detach().expand_as(q), rtol=0, atol=1e-6)
     x = torch.randn(1, 1, 3, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda a: rope.rotate(a), (x,))
+
+
+def test_queries_without_positions_sit_at_the_last_key_positions_of_their_sequence():
+    """Left-padded decoding: key positions per sequence, no query positions given; each sequence's queries
+    are its last keys, at their positions (not at the last slots of the padded row)."""
+    rope = posenc.RotaryEmbedding(8)
+    q = torch.randn(2, 3, 2, 8, dtype=torch.float64)
+    k = torch.randn(2, 3, 6, 8, dtype=torch.float64)
+    kp = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    qr, kr = rope(q, k, k_positions=kp, offset=7)
+    for b in range(2):
+        np.testing.assert_allclose(qr[b].numpy(), R.rope(q[b].numpy(), kp[b, -2:].numpy() + 7), atol=1e-12)
+        np.testing.assert_allclose(kr[b].numpy(), R.rope(k[b].numpy(), kp[b].numpy() + 7), atol=1e-12)
+
+
+def test_a_left_padded_decode_step_through_attention_equals_the_unpadded_one():
+    rope = posenc.RotaryEmbedding(8)
+    q, k, v = (torch.randn(1, 2, n, 8, dtype=torch.float64) for n in (1, 4, 4))
+    pad = torch.zeros(1, 2, 2, 8, dtype=torch.float64)
+    kp = torch.tensor([[0, 0, 0, 1, 2, 3]])
+    mask = torch.tensor([[False, False, True, True, True, True]])
+    padded = posenc.attention(
+        q, torch.cat((pad, k), 2), torch.cat((pad, v), 2), rotary=rope, k_positions=kp, bias=mask[:, None]
+    )
+    torch.testing.assert_close(padded, posenc.attention(q, k, v, rotary=rope), rtol=1e-12, atol=1e-12)

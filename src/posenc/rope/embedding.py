@@ -177,6 +177,13 @@ class RotaryEmbedding(nn.Module):
             return _rotate_small(self, q, k, offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
         k_positions = _key_positions(q_len, k_len, positions, k_positions)
+        if (
+            positions is None
+            and isinstance(k_positions, torch.Tensor)
+            and k_positions.shape[-1:] == (k_len,)
+            and q_len <= k_len
+        ):  # the queries are the last q_len keys, at their positions (per sequence: left padding shifts them)
+            positions = k_positions[..., k_len - q_len :]
         if context_len is None and self.length_dependent:  # one schedule for q and k: the keys' length
             context_len = (
                 offset + max(q_len, k_len) if k_positions is None else default_context(k_positions) + offset
