@@ -7,6 +7,7 @@ import torch
 import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+import posenc
 from posenc import RotaryEmbedding
 from posenc.hf import consistent_cache, patch_model, rotary_from_config, unpatch_model
 
@@ -296,3 +297,28 @@ def test_a_config_without_rotary_embedding_is_refused_by_name():
     # an early Llama config.json names no theta: still RoPE, with the default base
     legacy = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4}
     assert rotary_from_config(legacy).base == 10000.0
+
+
+@pytest.mark.parametrize(
+    "rotary, message",
+    [
+        ("rope", "rotary must be a posenc.RotaryEmbedding or None, got str"),
+        (posenc.XPos(16, layout="half"), r"rotary=XPos\(...\) does more than rotate"),
+        (
+            RotaryEmbedding(16, layout="interleaved"),
+            "rotary has layout='interleaved', but the model's .* needs layout='half'",
+        ),
+        (RotaryEmbedding(32, layout="half"), "rotary has head_dim=32, but the model's .* needs head_dim=16"),
+        (RotaryEmbedding(16, rotary_dim=8, layout="half"), "rotary has rotary_dim=8, .* needs rotary_dim=16"),
+    ],
+)
+def test_a_rotary_the_model_cannot_take_is_refused_and_nothing_is_patched(rotary, message):
+    """A rotary that the model's cos/sin cannot carry (xPos's scale, another pairing or width) used to be
+    accepted and run as something else, or crash at the first forward."""
+    model, ids = build("llama-yarn")
+    with torch.no_grad():
+        want = model(ids).logits
+        with pytest.raises(ValueError, match=message):
+            patch_model(model, rotary=rotary)
+        assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
+        assert torch.equal(model(ids).logits, want)

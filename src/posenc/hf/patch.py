@@ -8,7 +8,7 @@ import types
 import torch
 
 from ..rope import RotaryEmbedding
-from ._config import INTERLEAVED_MODEL_TYPES, _get, rotary_from_config
+from ._config import INTERLEAVED_MODEL_TYPES, _get, rope_settings, rotary_from_config
 from .layers import ADAPTERS, patch_layers, unpatch_layers
 from .plan import position_plan, text_config
 
@@ -74,7 +74,6 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     if model_type in ADAPTERS or plan is not None:
         _patch_planned(model, config, model_type, rotary, plan)
         return model
-    found = []
     targets = [
         (name, module)
         for name, module in model.named_modules()
@@ -85,8 +84,11 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     if remap is not None:
         _patch_remap(model, targets, rotary, remap)
         return model
+    plans = []  # every target checked before any is patched: a refusal leaves the model as it was
     for name, module in targets:
         config = getattr(module, "config", None) or model.config
+        if rotary is not None:
+            _check_rotary(rotary, config, name)
         rot = rotary if rotary is not None else rotary_from_config(config)
         if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
             forward = _gptj_forward
@@ -101,12 +103,34 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
                 f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin; "
                 f"supported: the rotate_half families (tested: {', '.join(PATCHED_FAMILIES)})"
             )
+        plans.append((module, rot, forward))
+    if not plans:
+        raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
+    for module, rot, forward in plans:
         module.posenc_rotary = rot.to(next(iter(module.buffers()), torch.empty(0)).device)
         module.forward = types.MethodType(forward, module)
-        found.append(name)
-    if not found:
-        raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
     return model
+
+
+def _check_rotary(rotary, config, name: str) -> None:
+    """A ValueError unless ``rotary`` can stand for the rotary module ``name`` of a model with ``config``:
+    a plain :class:`RotaryEmbedding` with the model's head and rotary dimensions and pairing."""
+    if not isinstance(rotary, RotaryEmbedding):
+        raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
+    if type(rotary) is not RotaryEmbedding:
+        raise ValueError(
+            f"rotary={type(rotary).__name__}(...) does more than rotate (xPos scales queries and keys too), "
+            "which the cos/sin a model's rotary module hands out cannot carry; pass a posenc.RotaryEmbedding"
+        )
+    want = rope_settings(config)
+    got = {"head_dim": rotary.head_dim, "rotary_dim": rotary.rotary_dim, "layout": rotary.layout}
+    for key, value in got.items():
+        if value != want[key]:
+            raise ValueError(
+                f"rotary has {key}={value!r}, but the model's {name} needs {key}={want[key]!r} "
+                f"(its config: head_dim {want['head_dim']}, rotary_dim {want['rotary_dim']}, layout "
+                f"{want['layout']!r})"
+            )
 
 
 def _patch_remap(model, targets, rotary, remap) -> None:
@@ -121,6 +145,8 @@ def _patch_remap(model, targets, rotary, remap) -> None:
         )
     name, module = targets[0]
     config = getattr(module, "config", None) or model.config
+    if rotary is not None:
+        _check_rotary(rotary, config, name)
     if not (
         hasattr(module, "inv_freq") and _get(config, "model_type", default="") not in INTERLEAVED_MODEL_TYPES
     ):
