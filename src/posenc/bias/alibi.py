@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .. import _checks
+from .._precision import KeepsPrecision
 
 __all__ = ["alibi_slopes", "ALiBi"]
 
@@ -31,7 +32,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.pow(2.0, -exponents).to(torch.float32)
 
 
-class ALiBi(nn.Module):
+class ALiBi(KeepsPrecision):
     """Attention with Linear Biases: score_ij += -m_h * |i - j|, a head-specific slope m_h.
 
     Args:
@@ -45,6 +46,8 @@ class ALiBi(nn.Module):
     symmetric -m_h * |i - j| of an encoder. :func:`posenc.attention` uses the slopes directly and never
     builds this tensor; ``bias`` is for inspection and small inputs.
     """
+
+    precise_buffers = ("_slopes",)
 
     def __init__(self, n_heads: int, slopes=None, learnable: bool = False):
         super().__init__()

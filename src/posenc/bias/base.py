@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from .. import _checks
+from .._precision import KeepsPrecision
 
 __all__ = ["ScoreBias"]
 
@@ -36,12 +36,13 @@ def _lengths(q_len, k_len) -> tuple[int, int]:
     return q_len, k_len
 
 
-class ScoreBias(nn.Module):
+class ScoreBias(KeepsPrecision):
     """Base class of additive score biases (see the module docstring).
 
     Subclasses set ``self.n_heads`` and implement :meth:`table` (``per_tile = False``) or :meth:`tile`
     (``per_tile = True``). ``tile_width`` is the number of floats a tile bias computes per score (for FIRE the
-    MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it.
+    MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it. Buffers named in
+    ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`).
     """
 
     per_tile: bool = False

@@ -38,6 +38,8 @@ class FireBias(ScoreBias):
     per_tile = True
     eps = 1e-6
 
+    precise_buffers = ("init_threshold",)
+
     def __init__(self, n_heads: int, hidden: int = 32, *, train_len: int, threshold=None, c: float = 0.1):
         super().__init__()
         self.n_heads = _checks.positive_int("n_heads", n_heads)

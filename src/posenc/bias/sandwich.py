@@ -27,6 +27,8 @@ class SandwichBias(ScoreBias):
         dim: width of the sinusoidal embedding (even).
     """
 
+    precise_buffers = ("omega", "ratio")
+
     def __init__(self, n_heads: int, dim: int = 128):
         super().__init__()
         self.n_heads = _checks.positive_int("n_heads", n_heads)

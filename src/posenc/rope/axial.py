@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .. import _checks
+from .._precision import KeepsPrecision
 from ..kernels import apply_rotary_qk
 from ..kernels.rotary_torch import rotate_eager
 
@@ -67,7 +68,7 @@ def grid_positions(*sizes: int, device=None) -> torch.Tensor:
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1).to(torch.float32)
 
 
-class AxialRotaryEmbedding(nn.Module):
+class AxialRotaryEmbedding(KeepsPrecision):
     """RoPE over a 2-D (or 3-D) grid of patches, axial or RoPE-Mixed (Heo et al. 2024).
 
     Args:
@@ -83,6 +84,8 @@ class AxialRotaryEmbedding(nn.Module):
         forward(q, k, grid=(H, W) or positions=(N, axes), prefix_tokens=0) -> (q, k), with q, k
         (batch, heads, prefix_tokens + N, head_dim); the first prefix_tokens tokens are not rotated.
     """
+
+    precise_buffers = ("freqs",)
 
     def __init__(
         self,
