@@ -117,3 +117,15 @@ def test_bad_arguments():
         rot(q, k, grid=(6,))
     with pytest.raises(ValueError, match="prefix_tokens"):
         rot(q, k, grid=(2, 2))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("grad", [True, False])
+def test_rope_mixed_refuses_keys_with_fewer_heads_in_every_mode(kv_heads, grad):
+    """Each RoPE-Mixed head rotates with its own frequencies, so a key head shared by several query heads
+    has no one rotation: it was broadcast to the query heads with autograd on, left alone under no_grad,
+    or crashed. Now it is refused the same way in both modes."""
+    ax = AxialRotaryEmbedding(32, mixed=True, num_heads=4)
+    q, k = torch.randn(1, 4, 16, 32), torch.randn(1, kv_heads, 16, 32)
+    with torch.set_grad_enabled(grad), pytest.raises(ValueError, match="k must have num_heads=4 heads"):
+        ax(q, k, grid=(4, 4))

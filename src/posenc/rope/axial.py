@@ -143,6 +143,12 @@ class AxialRotaryEmbedding(KeepsPrecision):
                     f"{name} must have shape (..., prefix_tokens + N = {prefix_tokens + positions.shape[0]}, "
                     f"head_dim = {self.head_dim}), got {tuple(x.shape)}"
                 )
+            if self.mixed and (x.dim() < 3 or x.shape[-3] != self.freqs.shape[1]):
+                raise ValueError(
+                    f"RoPE-Mixed rotates with each head's own frequencies: {name} must have num_heads="
+                    f"{self.freqs.shape[1]} heads (batch, heads, tokens, head_dim), got {tuple(x.shape)}; with "
+                    "fewer key/value heads, repeat them to the query heads first"
+                )
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
         if self.mixed and torch.is_grad_enabled():  # gradients reach the learnable frequencies
