@@ -176,13 +176,14 @@ class CosSinTable:
           (-sin for the first member, +sin for the second), so rotate(x) = x * cos2 + swap_halves(x) * sin2;
         * "interleaved": (cos + i sin,), (rows, rotary_dim/2) complex64: the pairs of x are complex numbers.
         """
+        if stop > CACHE_LIMIT:  # far positions: fresh rows, never a memo sized by a position
+            positions = torch.arange(start, stop, device=device)
+            return _lay_out(
+                *cos_sin_of(positions, self.inv_freq64, self.attention_factor, torch.float32), layout
+            )
         laid = self._laid_out.get((device, layout))
         if laid is None or laid[0].shape[0] < stop:  # rows are fixed per position: only ever grow
-            cos, sin = self._rows(stop, device)
-            if layout == "half":
-                laid = torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
-            else:
-                laid = (torch.complex(cos, sin),)
+            laid = _lay_out(*self._rows(stop, device), layout)
             self._laid_out[(device, layout)] = laid
         return laid[0][start:stop], *(t[start:stop] for t in laid[1:])
 
@@ -190,6 +191,13 @@ class CosSinTable:
         """How many positions the memoised table on ``device`` holds (0 before the first lookup)."""
         cached = self._cache.get(torch.device(device))
         return 0 if cached is None else cached[0].shape[0]
+
+
+def _lay_out(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """Rows of cos/sin as :meth:`CosSinTable.small_rows` hands them out for ``layout``."""
+    if layout == "half":
+        return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+    return (torch.complex(cos, sin),)
 
 
 def align_to(cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, what: str = "positions"):
