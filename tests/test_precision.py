@@ -32,4 +32,6 @@ def test_no_buffer_loses_precision_in_a_half_precision_cast(name, dtype):
 def test_a_half_precision_bias_is_the_float32_bias(name):
     want = MODULES[name]().bias(64, 4096, causal=False)
     for dtype in (torch.float16, torch.bfloat16):
-        torch.testing.assert_close(MODULES[name]().to(dtype).bias(64, 4096, causal=False), want, rtol=0, atol=0)
+        torch.testing.assert_close(
+            MODULES[name]().to(dtype).bias(64, 4096, causal=False), want, rtol=0, atol=0
+        )

@@ -146,8 +146,8 @@ class AxialRotaryEmbedding(KeepsPrecision):
             if self.mixed and (x.dim() < 3 or x.shape[-3] != self.freqs.shape[1]):
                 raise ValueError(
                     f"RoPE-Mixed rotates with each head's own frequencies: {name} must have num_heads="
-                    f"{self.freqs.shape[1]} heads (batch, heads, tokens, head_dim), got {tuple(x.shape)}; with "
-                    "fewer key/value heads, repeat them to the query heads first"
+                    f"{self.freqs.shape[1]} heads (batch, heads, tokens, head_dim), got {tuple(x.shape)}; "
+                    "with fewer key/value heads, repeat them to the query heads first"
                 )
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
