@@ -322,3 +322,24 @@ def test_a_rotary_the_model_cannot_take_is_refused_and_nothing_is_patched(rotary
             patch_model(model, rotary=rotary)
         assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
         assert torch.equal(model(ids).logits, want)
+
+
+def test_consistent_cache_keeps_half_precision_keys_from_drifting():
+    """Dynamic NTK changes the schedule at every step past the original context; turning bfloat16 keys
+    again and again rounded them again each time. After 200 steps the cached keys must still be the keys a
+    single forward pass over the same tokens caches, to bfloat16 rounding."""
+    cfg_cls, model_cls, kwargs, _ = MODELS["qwen2-dynamic"]
+    config = getattr(transformers, cfg_cls)(**{**kwargs, "num_hidden_layers": 1})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval().to(torch.bfloat16)
+    patch_model(model)
+    ids = torch.randint(0, 128, (1, 208), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = consistent_cache(model)
+        model(ids[:, :8], cache=cache, use_cache=True)
+        for t in range(8, 208):
+            model(ids[:, t : t + 1], cache=cache, use_cache=True)
+        full = model(ids, use_cache=True).past_key_values
+    drift = (cache.layers[0].keys.float() - full.layers[0].keys.float()).abs().max().item()
+    scale = full.layers[0].keys.float().abs().max().item()
+    assert drift <= 2 * scale * 2**-8, f"cached keys drifted by {drift:.3g} (keys up to {scale:.3g})"

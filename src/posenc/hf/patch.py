@@ -197,7 +197,8 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
         patch_model(model)
         out = model(ids, past_key_values=consistent_cache(model), use_cache=True)
 
-    Batches must be unpadded (the total length is the cache length plus the new tokens).
+    Batches must be unpadded (the total length is the cache length plus the new tokens). Half-precision keys
+    are turned from float32 copies kept beside them, so they never drift from rounding again and again.
     """
     from transformers import DynamicCache
 
@@ -212,15 +213,27 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
             super().__init__(*args, **kwargs)
             self.rotary = rotary
             self.schedules: dict[int, tuple] = {}
+            # float32 copies of half-precision keys: turning them at every schedule change would round them
+            # again each time, and they would drift
+            self.precise: dict[int, torch.Tensor] = {}
 
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
             cached = self.get_seq_length(layer_idx) if layer_idx < len(self.layers) else 0
             schedule = self.rotary.frequencies(cached + key_states.shape[-2])
             old = self.schedules.get(layer_idx)
+            half = key_states.dtype in (torch.float16, torch.bfloat16)
             if cached and old is not None and not same_schedule(schedule, old):
                 layer = self.layers[layer_idx]
-                layer.keys = rerotate_schedule(layer.keys, old, schedule, self.rotary.layout)
+                source = self.precise[layer_idx] if half else layer.keys
+                turned = rerotate_schedule(source, old, schedule, self.rotary.layout)
+                if half:
+                    self.precise[layer_idx] = turned
+                layer.keys = turned.to(layer.keys.dtype)
             self.schedules[layer_idx] = schedule
+            if half:
+                new = key_states.float()
+                kept = self.precise.get(layer_idx)
+                self.precise[layer_idx] = new if kept is None or not cached else torch.cat((kept, new), -2)
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     return RopeConsistentCache(config=model.config)

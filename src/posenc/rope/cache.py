@@ -20,7 +20,8 @@ forward pass at the same length.
 - ``"rerotate"``: cache rotated keys; when the schedule changes, turn the cached keys from the old schedule
   to the new one (angle p (omega_new - omega_old), attention factor ratio). Equal to "unrotated" up to
   float rounding; costs nothing while the schedule stays the same (static methods, or up to the original
-  context), one rotation of the cache when it changes.
+  context), one rotation of the cache when it changes. Half-precision keys are kept in float32, so that
+  turning them again and again never rounds them again (returned in the input's dtype).
 - ``"hf"``: transformers' behaviour, for comparison.
 
 xPos (:class:`posenc.XPos`, Sun et al. 2022) scales queries and keys about a centre c as well as
@@ -108,12 +109,22 @@ class RotaryKVCache:
         if self.mode == "unrotated":
             self.keys = k if self.keys is None else torch.cat((self.keys, k), dim=-2)
             return q_rot, rot.rotate_cached(self.keys, 0, total, "k"), self.values
-        if self.mode == "rerotate" and self.keys is not None and not same_schedule(schedule, self._schedule):
-            self.keys = rerotate_schedule(self.keys, self._schedule, schedule, rot.layout)
-        k_rot = rot.rotate_cached(k, start, total, "k")
+        if self.mode == "rerotate":
+            # Kept in float32 (float64 stays): re-rotating half-precision keys at every schedule change would
+            # round them again each time, and they would drift (2.25 after 600 dynamic-NTK steps in bf16).
+            if self.keys is not None and not same_schedule(schedule, self._schedule):
+                self.keys = rerotate_schedule(self.keys, self._schedule, schedule, rot.layout)
+            k_rot = rot.rotate_cached(k.to(_precise(k.dtype)), start, total, "k")
+        else:
+            k_rot = rot.rotate_cached(k, start, total, "k")
         self.keys = k_rot if self.keys is None else torch.cat((self.keys, k_rot), dim=-2)
         self._schedule = schedule
-        return q_rot, self.keys, self.values
+        return q_rot, self.keys.to(k.dtype), self.values
+
+
+def _precise(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half precision; float32 and float64 as they are."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def rerotate_keys(
