@@ -107,3 +107,16 @@ def test_load_model_takes_a_checkpoint_directory_and_refuses_one_that_misfits_it
     bare = save_checkpoint(tmp_path / "c", 1, model, None, {})
     with pytest.raises(CheckpointError, match="has no model config"):
         load_model(bare)
+
+
+def test_without_the_latest_pointer_the_newest_step_directory_is_the_checkpoint(tmp_path):
+    """A run whose ``latest`` pointer was lost, its step directories intact, used to be taken for a new run
+    (``--resume`` retrained from step 0 over it)."""
+    model = GPT(MODEL)
+    for step in (2, 10):
+        save_checkpoint(tmp_path, step, model, None, {"model": MODEL.to_dict()})
+    (tmp_path / "checkpoints" / "latest").unlink()
+    (tmp_path / "checkpoints" / "step-0000011.tmp").mkdir()  # a write killed before its rename: ignored
+    assert latest_checkpoint(tmp_path).name == "step-0000010"
+    read_checkpoint(latest_checkpoint(tmp_path))
+    assert latest_checkpoint(tmp_path / "nothing") is None

@@ -128,7 +128,11 @@ def save_checkpoint(
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint directory of a run, or None when there is none."""
+    """The newest complete checkpoint directory of a run, or None when there is none.
+
+    ``latest`` names it; without that pointer (lost, or deleted by hand) the step directories themselves
+    tell: each is renamed into place only once complete, so the highest step is the newest checkpoint.
+    """
     root = checkpoint_root(out_dir)
     pointer = root / "latest"
     if pointer.exists():
@@ -138,7 +142,8 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
                 f"checkpoint pointer {str(pointer)!r} names {str(path)!r}, which does not exist"
             )
         return path
-    return None
+    steps = [p for p in root.glob("step-*") if p.is_dir() and p.name[5:].isdigit()] if root.is_dir() else []
+    return max(steps, key=lambda p: int(p.name[5:]), default=None)
 
 
 def read_checkpoint(
