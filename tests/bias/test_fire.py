@@ -80,3 +80,15 @@ def test_piecewise_linear_tile_equals_the_mlp(seed, zero_weights):
     with torch.no_grad():
         want = fire._mlp(fire.normalised_distance(q_pos[:, None], k_pos[None, :])).permute(2, 0, 1)
         torch.testing.assert_close(fire.tile(q_pos, k_pos), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_fire_bias_is_the_float32_one_to_its_rounding(dtype):
+    """The breakpoint of a unit that never switches was a 1e30 sentinel, which half precision cannot hold:
+    ``FireBias(...).half().bias(8)`` raised an overflow error deep in torch."""
+    fire = posenc.FireBias(4, train_len=64)
+    want = fire.bias(8).detach()
+    got = fire.to(dtype).bias(8).detach()
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isfinite(got), finite)
+    torch.testing.assert_close(got.float()[finite], want[finite], rtol=0.02, atol=0.02)

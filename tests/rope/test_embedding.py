@@ -230,3 +230,17 @@ def test_a_far_offset_costs_what_a_near_one_does(offset):
     np.testing.assert_allclose(qr.double().numpy(), want, atol=1e-6 if offset < 10**9 else 2e-4)
     out = posenc.attention(q, q, q, rotary=rope, offset=offset)
     assert out.shape == q.shape and not rope.table._laid_out
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("seq", [4, 4096])  # the decode-sized path and the fused one
+def test_a_strided_last_dimension_rotates_like_its_contiguous_copy(layout, seq):
+    """Every other column of a wider tensor (stride 2) raised "Tensor must have a last dimension with stride
+    1" on the interleaved decode path."""
+    rope = RotaryEmbedding(64, layout=layout)
+    wide = torch.randn(1, 2, seq, 128)
+    strided = wide[..., ::2]
+    got = rope(strided, strided)
+    want = rope(strided.contiguous(), strided.contiguous())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

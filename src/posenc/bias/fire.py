@@ -76,11 +76,17 @@ class FireBias(ScoreBias):
     def pieces(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """f as the piecewise-linear function of u it is (one input, ReLU): sorted breakpoints (hidden,) and
         per segment slope and intercept (heads, hidden + 1), differentiable in the MLP's weights. Segment s
-        holds u with s breakpoints <= u; a unit with zero input weight has its breakpoint at 1e30 (never)."""
+        holds u with s breakpoints <= u; a unit with zero input weight has its breakpoint at a quarter of the
+        dtype's largest value (never reached: u lies in [0, 1])."""
         lin1, lin2 = self.mlp[0], self.mlp[2]
         w1, b1 = lin1.weight[:, 0], lin1.bias
+        never = torch.finfo(w1.dtype).max / 4  # finite in every dtype, and room for the +-1 below
         with torch.no_grad():
-            bp = torch.where(w1 != 0, -b1 / torch.where(w1 != 0, w1, 1.0), 1e30).clamp(-1e30, 1e30).sort()[0]
+            bp = (
+                torch.where(w1 != 0, -b1 / torch.where(w1 != 0, w1, 1.0), never)
+                .clamp(-never, never)
+                .sort()[0]
+            )
             mids = torch.cat((bp[:1] - 1, (bp[1:] + bp[:-1]) / 2, bp[-1:] + 1))
             active = (mids[:, None] * w1 + b1 > 0).to(w1.dtype)  # (segments, hidden)
         slope = (active * w1) @ lin2.weight.T

@@ -70,6 +70,8 @@ def rotate_small(x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str) -
         cos2, sin2 = rows
         out = torch.addcmul(work * cos2, work.roll(x.shape[-1] // 2, -1), sin2)
     else:
+        if not _complex_viewable(work):  # a strided last dimension: pairs are complex numbers only in a copy
+            work = work.contiguous()
         out = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (-1, 2))) * rows[0]).flatten(-2)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
