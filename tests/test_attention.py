@@ -368,3 +368,14 @@ def test_score_bias_errors_and_empty_queries():
         posenc.attention(q, q, q, bias="t5")
     empty = torch.randn(1, 2, 0, 8)
     assert posenc.attention(empty, empty, empty, bias=posenc.SandwichBias(2)).shape == (1, 2, 0, 8)
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (3, 5, 5), (2, 2, 5, 5), (1, 3, 5, 5)])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float32])
+def test_a_mask_of_the_wrong_shape_is_refused_naming_bias_and_the_shape(shape, dtype):
+    """A raw broadcast error from SDPA named neither the argument nor the shape it must have."""
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(
+        ValueError, match=r"bias must broadcast to \(batch, heads, q_len, k_len\) = \(1, 2, 5, 5\)"
+    ):
+        posenc.attention(q, q, q, bias=torch.zeros(shape, dtype=dtype))

@@ -305,6 +305,15 @@ def attention(
             f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
             f"ContentBias (ShawRelative, CoPE), a tensor or None, got {type(bias).__name__}"
         )
+    want = (q.shape[0], q.shape[1], q_len, k_len)
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, want)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != want:
+        raise ValueError(
+            f"bias must broadcast to (batch, heads, q_len, k_len) = {want}, got shape {tuple(bias.shape)}"
+        )
     mask, rows = _mask_tensor(bias, q, causal, k_len)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
     return out if rows is None else out.masked_fill(~rows, 0.0)
