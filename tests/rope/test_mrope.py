@@ -209,3 +209,15 @@ def test_random_layouts_match_transformers(layout_):
         types_, grids["images"], grids["videos"], attention_mask=mask, spatial_merge_size=MERGE
     )
     assert torch.equal(got, want) and torch.equal(deltas, want_deltas)
+
+
+def test_text_positions_of_shape_seq_are_all_three_axes_alike():
+    """``positions`` (seq,) is a documented form; it crashed in a permute."""
+    m = MRotaryEmbedding(32, [6, 5, 5])
+    q, k = torch.randn(1, 2, 12, 32), torch.randn(1, 2, 12, 32)
+    pos = torch.arange(12)
+    want = m(q, k, pos[None, None].expand(3, 1, 12))
+    for got, w in zip(m(q, k, pos), want, strict=True):
+        torch.testing.assert_close(got, w)
+    for got, w in zip(m(q, k, pos[None]), want, strict=True):
+        torch.testing.assert_close(got, w)

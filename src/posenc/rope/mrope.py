@@ -130,7 +130,7 @@ class MRotaryEmbedding(nn.Module):
         """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (3, batch, seq)
         positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2))."""
         positions = _positions3(positions)
-        if positions.dim() == 2:  # text: all three axes alike
+        if positions.dim() <= 2:  # text, (seq,) or (batch, seq): all three axes alike
             return cos_sin_of(positions, self.inv_freq64, self.attention_factor, dtype)
         axes = self.axes.to(positions.device)
         # the position each pair follows: (batch, seq, pairs), then angles pair by pair
