@@ -226,3 +226,23 @@ def test_passkey_fraction_makes_that_share_of_rows_passkey_prompts_and_keeps_the
         CorpusError, match="copy_fraction=0.75 and passkey_fraction=0.5 add up to more than 1"
     ):
         batch_at(tokens, 3, copy_fraction=0.75, passkey_fraction=0.5, **kw)
+
+
+def test_the_too_small_message_names_only_flags_that_exist(tmp_path):
+    import re
+
+    from posenc.cli import build_parser
+
+    parser = build_parser()
+    flags = {
+        opt
+        for action in parser._subparsers._group_actions
+        for sub in action.choices.values()
+        for a in sub._actions
+        for opt in a.option_strings
+    }
+    (tmp_path / "tiny.txt").write_text("x" * 100)
+    with pytest.raises(CorpusError) as info:
+        load_corpus(tmp_path / "tiny.txt", cache_dir=tmp_path / "cache", min_val_tokens=1000)
+    named = set(re.findall(r"--[a-z-]+", str(info.value)))
+    assert named and named <= flags, named - flags

@@ -213,7 +213,7 @@ def load_corpus(
             raise CorpusError(
                 f"corpus {str(root)!r} is too small: its {name} split has {have} tokens (bytes) but "
                 f"{need} are needed for the requested lengths and batch; give a larger corpus or "
-                f"shorter --train-len / --eval-lens"
+                f"shorter --train-len, --eval-mults (posenc compare) or --lens (posenc eval)"
             )
     return Corpus(path=str(root), train=train, val=val)
 
