@@ -153,7 +153,7 @@ def test_cached_decoding_matches_transformers(name):
         want_steps = [want.logits[:, -1]]
         cache = want.past_key_values
         for t in range(split, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             cache = out.past_key_values
             want_steps.append(out.logits[:, -1])
         model, _ = build(name)
@@ -161,7 +161,7 @@ def test_cached_decoding_matches_transformers(name):
         out = model(ids[:, :split], use_cache=True)
         got_steps, cache = [out.logits[:, -1]], out.past_key_values
         for t in range(split, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             cache = out.past_key_values
             got_steps.append(out.logits[:, -1])
     err = max(float((g - w).abs().max()) for g, w in zip(got_steps, want_steps, strict=True))
@@ -248,10 +248,10 @@ def decode_vs_full(model, ids, split, cache=None):
     """Worst |logits| difference between cached token-by-token decoding and a full forward at each length."""
     worst = 0.0
     with torch.no_grad():
-        out = model(ids[:, :split], past_key_values=cache, use_cache=True)
+        out = model(ids[:, :split], cache=cache, use_cache=True)
         cache = out.past_key_values
         for t in range(split, ids.shape[1]):
-            out = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, use_cache=True)
             cache = out.past_key_values
             full = model(ids[:, : t + 1]).logits[:, -1]
             worst = max(worst, float((out.logits[:, -1] - full).abs().max()))

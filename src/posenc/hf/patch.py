@@ -195,7 +195,7 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     with a :func:`patch_model`-ed model (the schedules are then posenc's exactly)::
 
         patch_model(model)
-        out = model(ids, past_key_values=consistent_cache(model), use_cache=True)
+        out = model(ids, cache=consistent_cache(model), use_cache=True)
 
     Batches must be unpadded (the total length is the cache length plus the new tokens). Half-precision keys
     are turned from float32 copies kept beside them, so they never drift from rounding again and again.
