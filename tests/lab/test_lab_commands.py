@@ -313,3 +313,24 @@ def test_cli_compile_flag_reaches_training(monkeypatch, tmp_path):
     assert main(["train", "--encoding", "rope", "--out", str(tmp_path / "r"), "--compile"]) == 2
     assert main(["compare", "--out", str(tmp_path / "c"), "--preset", "tiny", "--compile"]) == 2
     assert seen == {"train": True, "compare": True}
+
+
+def test_every_option_of_every_command_has_help_and_shows_its_default():
+    """`posenc COMMAND --help` lists every option with its default (the README says so); eval and sample
+    did not."""
+    import argparse
+
+    from posenc.cli import HelpFormatter, build_parser
+
+    parser = build_parser()
+    for action in parser._subparsers._group_actions:
+        for name, sub in action.choices.items():
+            text = sub.format_help()
+            for a in sub._actions:
+                if not a.option_strings or a.dest == "help":
+                    continue
+                assert a.help, f"posenc {name} {a.option_strings[0]} has no help"
+                if a.default not in (None, False, argparse.SUPPRESS):
+                    shown = sub.formatter_class is HelpFormatter or "default" in a.help
+                    assert shown, f"posenc {name} {a.option_strings[0]} does not show its default"
+            assert "show this help message" in text

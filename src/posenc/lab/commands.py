@@ -367,8 +367,12 @@ def _add_train(subparsers) -> None:
 
 
 def _add_eval(subparsers) -> None:
+    from posenc.cli import HelpFormatter
+
     p = subparsers.add_parser(
-        "eval", help="perplexity at several lengths, eval-time extensions, passkey retrieval"
+        "eval",
+        help="perplexity at several lengths, eval-time extensions, passkey retrieval",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     _data_args(p)
@@ -383,7 +387,7 @@ def _add_eval(subparsers) -> None:
         "pi,ntk,dynamic,yarn for rope, bca for xpos, temp for none)",
     )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
-    p.add_argument("--passkey-trials", type=positive_int, default=8)
+    p.add_argument("--passkey-trials", type=positive_int, default=8, help="passkey prompts per length")
     p.add_argument("--passkey-digits", type=positive_int, default=3, help="digits of the hidden key")
     p.add_argument(
         "--passkey-style",
@@ -410,21 +414,27 @@ def _add_eval(subparsers) -> None:
         default=48,
         help="windows per length of the far-context-gain and copy probes; 0 skips them",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the passkey keys and depths")
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=cmd_eval)
 
 
 def _add_sample(subparsers) -> None:
-    p = subparsers.add_parser("sample", help="generate text from a checkpoint (KV-cached)")
+    from posenc.cli import HelpFormatter
+
+    p = subparsers.add_parser(
+        "sample", help="generate text from a checkpoint (KV-cached)", formatter_class=HelpFormatter
+    )
     p.add_argument("ckpt", help="run directory or checkpoint directory")
-    p.add_argument("--prompt", default="def ")
-    p.add_argument("--max-new-tokens", type=positive_int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy")
-    p.add_argument("--top-k", type=positive_int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=positive_int)
+    p.add_argument("--prompt", default="def ", help="the text to continue")
+    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="tokens (bytes) to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 is greedy")
+    p.add_argument(
+        "--top-k", type=positive_int, default=None, help="sample among the k likeliest (default: all)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=cmd_sample)
 
 
