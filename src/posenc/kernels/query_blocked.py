@@ -128,7 +128,14 @@ def _run(fn, q, k, v, params, causal: bool, scale: float, block: int) -> torch.T
     return QueryBlockedAttention.apply(fn, causal, scale, block, q, k, v, *params)
 
 
-_run_eager = torch.compiler.disable(_run)
+_run_eager = None  # torch.compiler.disable(_run), made on first use: building it imports dynamo (~2.5 s)
+
+
+def _eager():
+    global _run_eager
+    if _run_eager is None:
+        _run_eager = torch.compiler.disable(_run)
+    return _run_eager
 
 
 def query_blocked_attention(
@@ -146,4 +153,4 @@ def query_blocked_attention(
         block = default_block(b, h, lq, k.shape[2], width)
     if block >= lq and torch.compiler.is_compiling():
         return _run(fn, q, k, v, tuple(params), bool(causal), float(scale), block)  # one block traces
-    return _run_eager(fn, q, k, v, tuple(params), bool(causal), float(scale), block)
+    return _eager()(fn, q, k, v, tuple(params), bool(causal), float(scale), block)
