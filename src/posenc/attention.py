@@ -8,7 +8,7 @@ kernels, :mod:`posenc.kernels`), then attends:
   - CUDA: FlexAttention with :meth:`ALiBi.score_mod` and a causal block mask, compiled once per process.
   - CPU: :mod:`posenc.kernels.alibi_blocked`, torch's CPU flash kernel on blocks of queries with the bias
     folded into an appended head dimension; forward and backward, O(L) memory per head.
-  - tiny inputs (batch * heads * q_len * k_len <= ``MATERIALISE_MAX``): the materialised bias and SDPA,
+  - tiny biases (heads * q_len * k_len <= ``MATERIALISE_MAX``, whatever the batch): the materialised bias and SDPA,
     which is as fast there and has the fewest moving parts.
 * any other :class:`~posenc.bias.base.ScoreBias` (T5, KERPLE, Sandwich, FIRE, ...), never materialising
   (heads, L, L) either: FlexAttention with its ``score_mod`` on CUDA; on the CPU
@@ -41,8 +41,8 @@ from .rope import RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
 
-# At and below this many score entries (batch * heads * q_len * k_len), a bias on the CPU is materialised:
-# the blocked path only pays above it (crossover measured in docs/fast-paths.md).
+# At and below this many bias entries (heads * q_len * k_len: the bias is the same for every sequence of a
+# batch), a bias on the CPU is materialised: the blocked path only pays above it (docs/fast-paths.md).
 MATERIALISE_MAX = 1 << 18
 
 _compiled_flex = None
@@ -63,7 +63,7 @@ def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
     """Which ALiBi path :func:`attention` takes for these tensors: "flex", "materialise" or "blocked"."""
     if q.is_cuda:
         return "flex"
-    if q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2] <= MATERIALISE_MAX:
+    if q.shape[1] * q.shape[-2] * k.shape[-2] <= MATERIALISE_MAX:  # the bias is (heads, L, L) at any batch
         return "materialise"
     return "blocked"
 
