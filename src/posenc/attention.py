@@ -8,8 +8,8 @@ kernels, :mod:`posenc.kernels`), then attends:
   - CUDA: FlexAttention with :meth:`ALiBi.score_mod` and a causal block mask, compiled once per process.
   - CPU: :mod:`posenc.kernels.alibi_blocked`, torch's CPU flash kernel on blocks of queries with the bias
     folded into an appended head dimension; forward and backward, O(L) memory per head.
-  - tiny biases (heads * q_len * k_len <= ``MATERIALISE_MAX``, whatever the batch): the materialised bias and SDPA,
-    which is as fast there and has the fewest moving parts.
+  - tiny biases (heads * q_len * k_len <= ``MATERIALISE_MAX``, whatever the batch): the materialised bias
+    and SDPA, which is as fast there and has the fewest moving parts.
 * any other :class:`~posenc.bias.base.ScoreBias` (T5, KERPLE, Sandwich, FIRE, ...), never materialising
   (heads, L, L) either: FlexAttention with its ``score_mod`` on CUDA; on the CPU
   :mod:`posenc.kernels.bias_blocked` (one blocked kernel with its own backward for every bias), or the
