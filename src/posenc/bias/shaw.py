@@ -69,6 +69,11 @@ class ShawRelative(ContentBias):
 
     def block(self, q, k, v, q_pos, k_pos, causal: bool, scale: float, a_k, a_v) -> torch.Tensor:
         m = self.max_distance
+        # Queries and keys of a block lie among the nk key positions, so no distance reaches nk: past that,
+        # the table's rows can never be read. The band is sized by the tensors, not by max_distance.
+        if m > k_pos.shape[0]:
+            cut = m - k_pos.shape[0]
+            a_k, a_v, m = a_k[cut:-cut], a_v[cut:-cut], k_pos.shape[0]
         qs = q * scale
         lead = qs.shape[:4]
         scores = (qs.flatten(2, 3) @ k.transpose(-1, -2)).unflatten(2, lead[2:])  # (B, Hk, G, n, nk)
