@@ -173,3 +173,19 @@ def test_protocols_keep_their_canonical_order_and_seeds_reach_the_training_confi
     assert standard.steps > PRESETS["quick"].steps  # longer training, everything else as quick
     same = {k: v for k, v in standard.to_json().items() if k not in ("steps", "ckpt_every")}
     assert same == {k: v for k, v in PRESETS["quick"].to_json().items() if k not in ("steps", "ckpt_every")}
+
+
+def test_what_would_fail_after_training_is_refused_before_any(tmp_path):
+    """--train-len 1 trained every model before extension 'temp' refused it; a user scheme returning
+    something other than an Encoding failed with an AttributeError inside the model."""
+    with pytest.raises(LabError, match="extension 'temp' .* needs train_len >= 2, got 1"):
+        settings_for("tiny", train_len=1)
+    (tmp_path / "bad_scheme.py").write_text("def scheme(cfg):\n    return 'rope'\n")
+    spec = f"{tmp_path / 'bad_scheme.py'}:scheme"
+    with pytest.raises(LabError, match=r"encoding=.*bad_scheme.py:scheme' built a str, not a posenc.lab"):
+        settings_for("tiny", schemes=(spec,))
+    from posenc.lab.config import GPTConfig
+    from posenc.lab.model import GPT
+
+    with pytest.raises(LabError, match="built a str"):
+        GPT(GPTConfig(encoding=spec))

@@ -18,6 +18,7 @@ from posenc.lab.encodings import (
     EVEN_D_MODEL,
     EVEN_HEAD_DIM,
     EXTENSIONS,
+    build,
     expand_schemes,
     lookup,
 )
@@ -250,6 +251,13 @@ class Settings:
         check_lengths("eval_mults", self.eval_mults)
         check_int("train_len", self.train_len)
         check_int("eval_tokens", self.eval_tokens)
+        if "temp" in self.extensions and "none" in self.schemes and self.train_len < 2:
+            raise LabError(  # checked here, before any model trains (the extension would refuse it after)
+                f"extension 'temp' scales NoPE's scores by log(n) / log(train_len): it needs train_len >= 2, "
+                f"got {self.train_len}; use a longer --train-len or leave 'none' out of --schemes"
+            )
+        for scheme in self.schemes:  # every scheme builds, before any trains
+            build(self.model_config(scheme))
 
     @property
     def eval_lens(self) -> list[int]:

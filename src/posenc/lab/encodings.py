@@ -195,6 +195,18 @@ def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
     return fn
 
 
+def build(cfg: GPTConfig) -> Encoding:
+    """The :class:`Encoding` of ``cfg.encoding`` for ``cfg``; a LabError naming the scheme when its builder
+    returns something else (a researcher's ``module:function`` returning a bare module, say)."""
+    enc = lookup(cfg.encoding)(cfg)
+    if not isinstance(enc, Encoding):
+        raise LabError(
+            f"encoding={cfg.encoding!r} built a {type(enc).__name__}, not a posenc.lab.encodings.Encoding: "
+            "its function must return Encoding(input=..., rotary=..., bias=...)"
+        )
+    return enc
+
+
 def _import(where: str):
     if not where.endswith(".py"):
         return importlib.import_module(where)

@@ -22,7 +22,7 @@ from torch import nn
 
 import posenc
 from posenc.lab.config import GPTConfig, check_choice, check_number
-from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, lookup
+from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, build
 from posenc.lab.errors import LabError
 from posenc.rope.frequencies import extension_scaling
 
@@ -117,7 +117,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        enc = lookup(cfg.encoding)(cfg)
+        enc = build(cfg)
         self.pos_input, self.rotary, self.score_bias = enc.input, enc.rotary, enc.bias
         self.layer_biases = None
         if enc.layer_bias is not None:
