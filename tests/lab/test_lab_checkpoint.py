@@ -38,8 +38,11 @@ def test_corrupt_checkpoint_is_reported_not_loaded(corpus, tmp_path, damage):
         target.unlink()
     with pytest.raises(CheckpointError, match=str(ckpt)):
         train(MODEL, OPT, tmp_path / "run", corpus=corpus, progress=False, resume=True)
-    with pytest.raises(CheckpointError, match="corrupt|incomplete"):
+    with pytest.raises(CheckpointError, match="corrupt|incomplete") as info:
         load_model(tmp_path / "run")
+    assert "to go back to the run's previous checkpoint, or the run directory to train it again" in str(
+        info.value
+    )
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):

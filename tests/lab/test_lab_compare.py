@@ -393,3 +393,19 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_a_corrupt_saved_row_is_set_aside_and_evaluated_again(compared, corpus_dir, tmp_path, capsys):
+    """A damaged eval.json stopped compare with a bare JSON error; the row is derived from the checkpoint,
+    which is kept, so it is evaluated again and the damaged file kept beside it."""
+    import shutil
+
+    out, cache, _ = compared
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    saved = copy / "models" / "rope" / "seed-0" / "eval.json"
+    saved.write_text('{"key": {"steps": ')
+    assert main(tiny_compare_args(copy, corpus_dir, cache)) == 0
+    assert "eval.json' is corrupt" in capsys.readouterr().err
+    assert saved.with_name("eval.json.corrupt").exists() and json.loads(saved.read_text())["row"]
+    assert ppl_by_scheme(copy) == ppl_by_scheme(out)

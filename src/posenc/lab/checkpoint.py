@@ -162,25 +162,30 @@ def read_checkpoint(
         raise CheckpointError(
             f"checkpoint {str(path)!r} does not exist (expected a directory with model.safetensors)"
         )
+    remedy = (
+        f"; delete {str(path)!r} to go back to the run's previous checkpoint, or the run directory to "
+        "train it again"
+    )
     try:
         manifest = json.loads((path / "manifest.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt or incomplete: manifest.json unreadable ({e})"
+            f"checkpoint {str(path)!r} is corrupt or incomplete: manifest.json unreadable ({e}){remedy}"
         ) from e
     for f in _FILES:
         if not (path / f).exists():
-            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f} is missing")
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f} is missing{remedy}")
         if _sha256(path / f) != manifest.get(f):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} is corrupt: {f} does not match its SHA-256 in manifest.json"
+                + remedy
             )
     try:
         tensors = load_file(path / "model.safetensors")
         state = json.loads((path / "state.json").read_text())
         opt = torch.load(path / "optimizer.pt", weights_only=True) if with_optimizer else None
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {e}") from e
+        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: {e}{remedy}") from e
     return tensors, state, opt
 
 

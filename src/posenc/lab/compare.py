@@ -32,6 +32,7 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -185,12 +186,24 @@ def _row_key(s: Settings, seed: int, corpus: str | None) -> dict:
 
 
 def _saved_row(eval_path: Path, key: dict) -> dict | None:
-    """The row an earlier run saved at ``eval_path`` for the same settings and corpus (``key``), or None."""
-    if eval_path.exists():
+    """The row an earlier run saved at ``eval_path`` for the same settings and corpus (``key``), or None.
+
+    A file that does not parse (damaged on disk, edited by hand) is set aside as ``<name>.corrupt``, said on
+    stderr, and the row evaluated again: it is derived from the checkpoint, which is kept."""
+    if not eval_path.exists():
+        return None
+    try:
         saved = json.loads(eval_path.read_text())
-        if saved.get("key") == key:
-            return saved["row"]
-    return None
+        row = saved["row"] if saved.get("key") == key else None
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        aside = eval_path.with_name(eval_path.name + ".corrupt")
+        os.replace(eval_path, aside)
+        print(
+            f"posenc compare: {str(eval_path)!r} is corrupt ({err}); moved to {aside.name}, evaluating again",
+            file=sys.stderr,
+        )
+        return None
+    return row
 
 
 # ---------------------------------------------------------------------------------------------- scheduling
