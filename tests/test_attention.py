@@ -389,3 +389,28 @@ def test_the_bias_is_materialised_by_its_own_size_whatever_the_batch():
     k = torch.randn(16, 8, 64, 64)
     assert bias_backend(torch.randn(16, 8, 64, 64), k) == "materialise"
     assert bias_backend(torch.randn(1, 8, 4096, 64), torch.randn(1, 8, 4096, 64)) == "blocked"
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_flex_path_compiles_once_for_every_length():
+    """The CUDA bias path compiled flex_attention with dynamic=False: each new key length recompiled, and
+    after 8 dynamo fell back to the unfused path that materialises the scores (token-by-token decoding lost
+    O(L) memory). Driven on the CPU (forward), where the compiler behaves the same."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from posenc.attention import _flex_attention
+
+    torch._dynamo.reset()
+    counters.clear()
+    alibi = ALiBi(2)
+    with torch.no_grad():
+        for seq in (64, 80, 96):
+            q = torch.randn(1, 2, seq, 16)
+            out = _flex_attention(q, q, q, alibi, True, 0.25, False)
+            want = F.scaled_dot_product_attention(
+                q, q, q, attn_mask=alibi.bias(seq, seq, causal=True), scale=0.25
+            )
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
