@@ -148,3 +148,21 @@ def test_sinusoidal_compiles_once_and_never_fills_its_memo_while_traced():
         x = torch.randn(2, seq, 16)
         torch.testing.assert_close(compiled(x), enc(x) if seq == 13 else posenc.SinusoidalEncoding(16)(x))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(remap=posenc.SelfExtend(2, 4)),
+        dict(remap=posenc.ReRoPE(4, leaky=2.0)),
+        dict(sinks=torch.linspace(-1, 1, 4)),
+    ],
+    ids=["selfextend", "leaky-rerope", "sinks"],
+)
+def test_remaps_and_sinks_compile_whole_while_one_block_holds_them(kwargs):
+    """Traced, a band's key range would be a data-dependent shape: the one-block path takes all keys."""
+    torch._dynamo.reset()
+    rope = posenc.RotaryEmbedding(16)
+    q, k, v = (torch.randn(1, 4, 12, 16) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v: posenc.attention(q, k, v, rotary=rope, **kwargs), fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), posenc.attention(q, k, v, rotary=rope, **kwargs))

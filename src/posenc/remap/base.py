@@ -99,10 +99,14 @@ def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim
     d = q_pos[:, None] - k_pos[None, :]
     shape = (*q.shape[:-1], k.shape[-2])
     scores = q.new_full(shape, -math.inf)
-    first, last = int(q_pos[0]), int(q_pos[-1])
-    k_first = int(k_pos[0])
+    tracing = _checks.tracing()  # traced, a band's key range would be a data-dependent shape: take them all
+    if not tracing:
+        first, last, k_first = int(q_pos[0]), int(q_pos[-1]), int(k_pos[0])
     for n, (lo, hi) in enumerate(bands):
-        a, b = _band_slice(lo, hi, first - k_first, last - k_first, k.shape[-2])
+        if tracing:
+            a, b = 0, k.shape[-2]
+        else:
+            a, b = _band_slice(lo, hi, first - k_first, last - k_first, k.shape[-2])
         if a >= b:
             continue
         qv, kv = q[..., n * dim : (n + 1) * dim], k[..., a:b, n * dim : (n + 1) * dim]
