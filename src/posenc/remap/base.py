@@ -23,19 +23,22 @@ import torch
 
 from .. import _checks
 from ..kernels.query_blocked import query_blocked_attention
+from ..kernels.remap_blocked import Band
 
 __all__ = ["NoRemap", "Remap", "View", "remap_attention"]
 
 
 @dataclass(frozen=True)
 class View:
-    """Queries rotated at ``q`` (Lq,) and keys at ``k`` (Lk,) (float64 positions), for the pairs whose
-    distance d = i - j has lo <= d < hi."""
+    """Queries rotated at ``q`` (Lq,) and keys at ``k`` (Lk,) (float64 positions), for the causal pairs whose
+    distance d = i - j has lo <= d < hi; with ``unit`` > 1, for those whose chunk distance
+    i // unit - j // unit does (Dual Chunk Attention)."""
 
     q: torch.Tensor
     k: torch.Tensor
-    lo: float
+    lo: int
     hi: float
+    unit: int = 1
 
 
 class Remap:
@@ -85,34 +88,28 @@ class NoRemap(Remap):
         return d
 
 
-def _band_slice(lo: float, hi: float, first: int, last: int, n_keys: int) -> tuple[int, int]:
-    """The key indices [a, b) a band can reach from queries first..last (indices as positions)."""
-    a = 0 if math.isinf(hi) else max(0, first - int(hi) + 1)
-    b = min(n_keys, last - int(math.ceil(lo)) + 1)
-    return a, max(a, b)
-
-
-def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim: int) -> torch.Tensor:
+def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim: int, offset: int):
     """One block of queries (query_blocked's protocol): q (B, Hk, G, n, V*dim), k (B, Hk, nk, V*dim),
-    v (B, Hk, nk, Dv); each key scored with the view whose band holds its distance; ``sinks`` (H,), if
-    given, one more logit in every row's softmax, with no value."""
-    d = q_pos[:, None] - k_pos[None, :]
+    v (B, Hk, nk, Dv), q_pos and k_pos key indices (absolute positions: + ``offset``); each key scored with
+    the view whose band holds the pair; ``sinks`` (H,), if given, one more logit in every row's softmax,
+    with no value."""
+    i, j = q_pos + offset, k_pos + offset
     shape = (*q.shape[:-1], k.shape[-2])
     scores = q.new_full(shape, -math.inf)
     tracing = _checks.tracing()  # traced, a band's key range would be a data-dependent shape: take them all
     if not tracing:
-        first, last, k_first = int(q_pos[0]), int(q_pos[-1]), int(k_pos[0])
-    for n, (lo, hi) in enumerate(bands):
+        p0, p1, k0 = int(i[0]), int(i[-1]) + 1, int(j[0])
+    for n, band in enumerate(bands):
         if tracing:
             a, b = 0, k.shape[-2]
         else:
-            a, b = _band_slice(lo, hi, first - k_first, last - k_first, k.shape[-2])
-        if a >= b:
-            continue
+            first, last, _, _ = band.reach(p0, p1)
+            a, b = max(first - k0, 0), min(last - k0, k.shape[-2])
+            if a >= b:
+                continue
         qv, kv = q[..., n * dim : (n + 1) * dim], k[..., a:b, n * dim : (n + 1) * dim]
         s = torch.matmul(qv, kv.unsqueeze(2).transpose(-1, -2)) * scale
-        dd = d[:, a:b]
-        scores[..., a:b] = torch.where((dd >= lo) & (dd < hi), s, scores[..., a:b])
+        scores[..., a:b] = torch.where(band.inside(i, j[a:b]), s, scores[..., a:b])
     if sinks:
         sink = sinks[0].to(scores.dtype).view(q.shape[1], q.shape[2], 1, 1).expand(*scores.shape[:-1], 1)
         weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
@@ -164,18 +161,18 @@ def remap_attention(
         qs.append(qv)
         ks.append(k if rotary is None else rotary.rotate(k, positions=view.k, context_len=context))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    bands = tuple((w.lo, w.hi) for w in views)
+    bands = tuple(Band(w.lo, w.hi, w.unit) for w in views)
     if kernel is None:
         kernel = "flash" if q.device.type == "cpu" and not _checks.tracing() else "blocks"
     if kernel == "flash":
         from ..kernels.remap_blocked import remap_attention_blocked
 
         return remap_attention_blocked(
-            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks
+            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks, offset=offset
         )
     if kernel != "blocks":
         raise ValueError(f"kernel must be 'flash', 'blocks' or None, got {kernel!r}")
-    fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1])
+    fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1], offset=offset)
     width = len(views) + 4  # the scores, the weights, one view's scores and its band mask, per block
     params = () if sinks is None else (sinks,)
     return query_blocked_attention(
