@@ -22,7 +22,7 @@ from .bias import (
     T5Bias,
     alibi_slopes,
 )
-from .remap import STRING, ReRoPE, SelfExtend
+from .remap import STRING, DualChunk, ReRoPE, SelfExtend
 from .rope import (
     AxialRotaryEmbedding,
     MRotaryEmbedding,
@@ -51,6 +51,7 @@ __all__ = [
     "AxialRotaryEmbedding",
     "CoPE",
     "ContentBias",
+    "DualChunk",
     "FireBias",
     "KerpleBias",
     "LearnedEmbedding",

@@ -33,6 +33,7 @@ __all__ = [
     "selfextend_distance",
     "rerope_distance",
     "string_distance",
+    "dual_chunk_distance",
     "remapped_attention",
 ]
 
@@ -530,6 +531,20 @@ def string_distance(q_len: int, k_len: int, shift: int, local_window: int, offse
     """STRING (An et al. 2024, arxiv.org/abs/2410.18745): d if d < N, else d - N + W. (q_len, k_len)."""
     _, _, d = _causal_distances(q_len, k_len, offset)
     return np.where(d < shift, d, d - shift + local_window)
+
+
+def dual_chunk_distance(q_len: int, k_len: int, chunk_size: int, local_size: int, offset: int = 0):
+    """Dual Chunk Attention (An et al. 2024, arxiv.org/abs/2402.17463), positions as vLLM's
+    DualChunkRotaryEmbedding: chunks of c = chunk_size - local_size; the key at j mod c; the query at
+    i mod c for a key in its own chunk, min(i mod c + c, chunk_size) in the chunk before, min(2c - 1,
+    chunk_size) further back. (q_len, k_len)."""
+    i, j, d = _causal_distances(q_len, k_len, offset)
+    c = chunk_size - local_size
+    gap = i // c - j // c
+    query = np.where(
+        gap == 0, i % c, np.where(gap == 1, np.minimum(i % c + c, chunk_size), min(2 * c - 1, chunk_size))
+    )
+    return np.where(np.isnan(d), np.nan, (query - j % c).astype(np.float64))
 
 
 def remapped_attention(

@@ -66,8 +66,8 @@ def test_none_is_the_config_as_it_is_whatever_the_factor():
     }
     assert method_rotary(yarn, "none", factor=8.0).scaling == rope_settings(yarn)["scaling"]
     assert method_rotary(LLAMA, "none", factor=8.0).scaling is None
-    with pytest.raises(ValueError, match="method must be one of none, pi, ntk, .*, string; got 'dca'"):
-        method_rotary(LLAMA, "dca", factor=2.0)
+    with pytest.raises(ValueError, match="method must be one of none, pi, ntk, .*, dca; got 'chunked'"):
+        method_rotary(LLAMA, "chunked", factor=2.0)
 
 
 def test_models_it_cannot_give_one_rope_are_refused_before_any_work():
@@ -87,6 +87,9 @@ def test_training_free_methods_keep_the_longest_length_inside_the_trained_one(lo
         remap.check_length(longest, n)  # no error
         assert remap.window == n // 4
         assert method_rotary(LLAMA, method, factor=longest / n).scaling is None  # the model's own RoPE
+    dca = method_remap("dca", train_len=n, longest=longest)
+    assert (dca.chunk_size, dca.local_size) == (n, n // 32)
+    dca.check_length(longest, n)
     group = method_remap("selfextend", train_len=n, longest=longest).group_size
     assert group == 1 or SelfExtend(group - 1, n // 4).distance(longest - 1) > n - 1  # the smallest
 

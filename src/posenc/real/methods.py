@@ -18,7 +18,7 @@ import torch
 
 from posenc.hf import patch_model, rope_settings, text_config, unpatch_model
 from posenc.hf.layers import ADAPTERS
-from posenc.remap import STRING, Remap, ReRoPE, SelfExtend
+from posenc.remap import STRING, DualChunk, Remap, ReRoPE, SelfExtend
 from posenc.rope import RotaryEmbedding
 from posenc.rope.frequencies import extension_scaling
 
@@ -51,8 +51,10 @@ EXTEND_METHODS: dict[str, str] = {
     "string": "STRING, distances past 0.33 N shifted down to 128, cos and sin times 0.1 ln 2 + 1, as its "
     "released code (An et al. 2024, arXiv:2410.18745); made to use the trained length better, it cannot map "
     "more than N tokens inside N",
+    "dca": "Dual Chunk Attention, chunks of N - N/32 tokens (the proportions of Qwen2.5-1M's config), "
+    "positions as vLLM's (An et al. 2024, arXiv:2402.17463)",
 }
-REMAP_METHODS = ("selfextend", "rerope", "leaky-rerope", "string")
+REMAP_METHODS = ("selfextend", "rerope", "leaky-rerope", "string", "dca")
 
 
 def _get(config, name: str):
@@ -119,6 +121,8 @@ def method_remap(method: str, *, train_len: int, longest: int) -> Remap | None:
     if method == "leaky-rerope":
         slope = (longest - 1 - window) / max(1, train_len - 1 - window)
         return ReRoPE(window, leaky=max(1.01, math.ceil(slope * 100) / 100))
+    if method == "dca":
+        return DualChunk(train_len, train_len // 32)
     shift = max(1, int(0.33 * train_len))
     return STRING(shift, min(128, shift), attention_factor=0.1 * math.log(2) + 1)
 
