@@ -120,7 +120,7 @@ def test_attention_table_shows_why_a_case_was_skipped():
 def test_bench_rejects_bad_repeat(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--repeat", "0"])
-    assert "--repeat must be an integer >= 1, got '0'" in capsys.readouterr().err
+    assert "argument --repeat: expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 def test_materialised_case_is_skipped_when_it_cannot_fit(monkeypatch):

@@ -95,18 +95,10 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _repeat(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"--repeat must be an integer >= 1, got {value!r}")
-    return n
-
-
 def add_commands(subparsers) -> None:
     """Add ``posenc bench``."""
+    from posenc.cli import positive_int
+
     p = subparsers.add_parser(
         "bench",
         help="benchmark RoPE, ALiBi attention and the score biases on the CPU or CUDA (table on stdout, "
@@ -132,7 +124,7 @@ def add_commands(subparsers) -> None:
     )
     p.add_argument(
         "--repeat",
-        type=_repeat,
+        type=positive_int,
         help="timed repetitions per case (default: RoPE 11 on cpu, 20 on cuda; attention 3 and 5)",
     )
     p.set_defaults(func=run_bench)

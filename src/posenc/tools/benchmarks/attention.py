@@ -102,6 +102,14 @@ def in_child(module: str, *args) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def answer_parent(result: dict) -> None:
+    """The child's side of :func:`in_child`: the result as the last line of output, then exit at once (the
+    parent needs nothing else, and interpreter teardown only costs time)."""
+    print(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def _in_child(case: str, seq: int, heads: int, dim: int, repeat: int) -> dict:
     """:func:`measure` on the CPU in a fresh Python process; {"skipped": why} where it failed."""
     return in_child(__name__, case, seq, heads, dim, repeat)
@@ -160,6 +168,4 @@ def attention_table(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     case, seq, heads, dim, repeat = sys.argv[1], *map(int, sys.argv[2:6])
-    print(json.dumps(measure(case, seq, heads, dim, repeat)))
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: the parent only needs the line above
+    answer_parent(measure(case, seq, heads, dim, repeat))

@@ -21,8 +21,6 @@ allocations either way), and the floor's peak comes from its own fresh process p
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -34,7 +32,7 @@ import posenc
 from posenc.attention import bias_backend
 
 from . import memory
-from .attention import _qkv, attend, in_child, materialised_bytes, materialised_fits
+from .attention import _qkv, answer_parent, attend, in_child, materialised_bytes, materialised_fits
 from .presets import Preset
 from .report import Column, number, table
 from .timing import interleaved_times
@@ -273,6 +271,4 @@ def bias_table(rows: list[dict]) -> str:
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]
     seq, heads, dim, repeat, materialise = map(int, sys.argv[3:8])
-    print(json.dumps(measure(name, mode, seq, heads, dim, repeat, materialise=bool(materialise))))
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: the parent only needs the line above
+    answer_parent(measure(name, mode, seq, heads, dim, repeat, materialise=bool(materialise)))

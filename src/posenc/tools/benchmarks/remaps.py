@@ -15,8 +15,6 @@ q, k, v; on the CPU each row runs in a fresh process, so its peak is its own.
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -25,10 +23,10 @@ import torch
 
 import posenc
 
-from .attention import in_child
-from .biases import MODES, _call, _first_call_peak
+from .attention import answer_parent, in_child
+from .biases import MODES, _call, _first_call_peak, _mib
 from .presets import Preset
-from .report import Column, number, table
+from .report import Column, table
 from .timing import interleaved_times
 
 _CPU = torch.device("cpu")
@@ -102,10 +100,6 @@ def run(preset: Preset, device: torch.device, repeat: int | None = None, lengths
     return rows
 
 
-def _mib(value) -> str:
-    return number(None if value is None else value / 2**20, ".0f")
-
-
 COLUMNS = (
     Column("remap", -13, lambda r: r["remap"]),
     Column("L", 6, lambda r: str(r["seq"])),
@@ -129,7 +123,4 @@ def remap_table(rows: list[dict]) -> str:
 
 if __name__ == "__main__":
     name, mode = sys.argv[1], sys.argv[2]
-    seq, heads, dim, repeat = map(int, sys.argv[3:7])
-    print(json.dumps(measure(name, mode, seq, heads, dim, repeat)))
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown: the parent only needs the line above
+    answer_parent(measure(name, mode, *map(int, sys.argv[3:7])))
