@@ -16,21 +16,13 @@ import posenc
 from posenc import reference as R
 
 from ..peak_memory import peak_rise_mib
-from ..qkv import random_qkv
+from ..qkv import draw_shapes, random_qkv
 
 
 @st.composite
 def case(draw):
-    kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    k_len = draw(st.integers(1, 24))
     return dict(
-        batch=draw(st.integers(1, 2)),
-        heads=kv_heads * group,
-        kv_heads=kv_heads,
-        q_len=draw(st.integers(1, k_len)),
-        k_len=k_len,
-        head_dim=draw(st.sampled_from([4, 8])),
-        v_dim=draw(st.sampled_from([4, 6])),
+        draw_shapes(draw),
         npos_max=draw(st.integers(1, 30)),  # below k_len the counts are clamped
         block=draw(st.one_of(st.none(), st.integers(1, 8))),
         scale=draw(st.sampled_from([None, 0.7])),

