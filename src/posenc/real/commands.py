@@ -42,6 +42,7 @@ def cmd_extend(args) -> int:
         windows=args.windows,
         passkey_trials=args.passkey_trials,
         score_tokens=args.score_tokens,
+        short_tokens=args.short_tokens,
         train_len=args.train_len,
         factor=args.factor,
         corpus=args.corpus,
@@ -111,6 +112,11 @@ def add_commands(subparsers) -> None:
         "--score-tokens",
         type=int,
         help="final tokens of each window that every length scores (default: min(1024, shortest length / 8))",
+    )
+    p.add_argument(
+        "--short-tokens",
+        type=int,
+        help="first tokens of the windows at the trained length scored as a short prompt (default: 1024)",
     )
     p.add_argument("--seed", type=int, default=0, help="the passkey keys")
     p.add_argument(
