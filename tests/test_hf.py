@@ -100,6 +100,15 @@ MODELS = {
         PHI3_LONGROPE,
         48,
     ),
+    # the families whose rotary module hands out each frequency twice in a row (interleaved pairs):
+    # cohere2_moe was patched with the halves form and ran silently wrong
+    "cohere": ("CohereConfig", "CohereForCausalLM", dict(COMMON, num_key_value_heads=2, logit_scale=4.0), 40),
+    "cohere2_moe": (
+        "Cohere2MoeConfig",
+        "Cohere2MoeForCausalLM",
+        dict(COMMON, num_key_value_heads=2, logit_scale=4.0, eos_token_id=1),
+        40,
+    ),
     "gptj": (
         "GPTJConfig",
         "GPTJForCausalLM",
@@ -177,7 +186,9 @@ def test_rotary_from_config_matches_the_model(name):
     model, _ = build(name)
     rot = rotary_from_config(model.config)
     hf = hf_rotary(model)
-    assert rot.layout == "half"
+    from posenc.hf.patch import _handout
+
+    assert rot.layout == {"half": "half", "pairs": "interleaved"}[_handout(hf)]  # what the module hands out
     np.testing.assert_allclose(rot.inv_freq.numpy(), hf.original_inv_freq.numpy(), rtol=2.5e-6)
     assert rot.attention_factor == pytest.approx(hf.attention_scaling, rel=1e-12)
     # the config.json form gives the same module

@@ -11,9 +11,11 @@ from ..rope.frequencies import METHODS
 
 __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 
-# Families whose transformers code pairs dimensions (2i, 2i+1); every other RoPE family in transformers
-# (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs (i, i + r/2).
-INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "cohere", "cohere2"})
+# Families whose transformers code pairs dimensions (2i, 2i+1), for reading a config alone; every other RoPE
+# family in transformers (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs
+# (i, i + r/2). patch_model does not rely on this list: it reads the pairing off what each model's rotary
+# module hands out.
+INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "cohere", "cohere2", "cohere2_moe", "blt"})
 
 
 def _get(config, *names, default=None):

@@ -19,15 +19,51 @@ __all__ = ["consistent_cache", "patch_model", "unpatch_model"]
 PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj")
 
 
-def _half_forward(module, x, position_ids, *args, **kwargs):
+def _cos_sin(module, x, position_ids):
     rot = module.posenc_rotary
     # transformers scales length-dependent methods for 1 + the largest position in the whole batch
     context = int(position_ids.max()) + 1 if position_ids.numel() else 1
-    cos, sin = rot.cos_sin(
-        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
-    )
-    # transformers' rotate_half layout wants (batch, seq, rotary_dim): each frequency twice
+    return rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
+
+
+def _half_forward(module, x, position_ids, *args, **kwargs):
+    cos, sin = _cos_sin(module, x, position_ids)
+    # (batch, seq, rotary_dim): each frequency twice, the halves one after the other (rotate_half families)
     return torch.cat((cos, cos), dim=-1).to(x.dtype), torch.cat((sin, sin), dim=-1).to(x.dtype)
+
+
+def _pairs_forward(module, x, position_ids, *args, **kwargs):
+    cos, sin = _cos_sin(module, x, position_ids)
+    # (batch, seq, rotary_dim): each frequency twice in a row (the families that pair (2i, 2i+1))
+    return cos.repeat_interleave(2, -1).to(x.dtype), sin.repeat_interleave(2, -1).to(x.dtype)
+
+
+_FORMS = {"half": (_half_forward, "half"), "pairs": (_pairs_forward, "interleaved")}
+
+
+def _handout(module) -> str | None:
+    """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
+    1..4, where the frequencies differ: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency
+    twice in a row), or None (neither, or it does not run on a probe)."""
+    device = next(iter(module.buffers()), torch.empty(0)).device
+    try:
+        with torch.no_grad():
+            out = type(module).forward(
+                module, torch.zeros(1, 4, 1, device=device), torch.arange(1, 5, device=device)[None]
+            )
+    except Exception:  # a module with another signature: not one of the forms below
+        return None
+    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+        return None
+    cos = out[0].float()
+    width = cos.shape[-1]
+    if width < 4 or width % 2:
+        return None
+    if torch.equal(cos[..., : width // 2], cos[..., width // 2 :]):
+        return "half"
+    if torch.equal(cos[..., 0::2], cos[..., 1::2]):
+        return "pairs"
+    return None
 
 
 def _gptj_forward(module, x, position_ids, *args, **kwargs):
@@ -87,22 +123,20 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     plans = []  # every target checked before any is patched: a refusal leaves the model as it was
     for name, module in targets:
         config = getattr(module, "config", None) or model.config
-        if rotary is not None:
-            _check_rotary(rotary, config, name)
-        rot = rotary if rotary is not None else rotary_from_config(config)
         if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
-            forward = _gptj_forward
-        elif (
-            hasattr(module, "inv_freq")
-            and hasattr(module, "attention_scaling")
-            and _get(config, "model_type", default="") not in INTERLEAVED_MODEL_TYPES
-        ):
-            forward = _half_forward
+            forward, layout = _gptj_forward, "interleaved"
         else:
-            raise ValueError(
-                f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin; "
-                f"supported: the rotate_half families (tested: {', '.join(PATCHED_FAMILIES)})"
-            )
+            form = _handout(module) if hasattr(module, "inv_freq") else None
+            if form is None:
+                raise ValueError(
+                    f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it "
+                    "gives neither each frequency twice in halves (rotate_half families) nor twice in a row "
+                    f"(interleaved pairs); tested: {', '.join(PATCHED_FAMILIES)}"
+                )
+            forward, layout = _FORMS[form]
+        if rotary is not None:
+            _check_rotary(rotary, config, name, layout)
+        rot = rotary if rotary is not None else RotaryEmbedding(**{**rope_settings(config), "layout": layout})
         plans.append((module, rot, forward))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
@@ -112,9 +146,10 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     return model
 
 
-def _check_rotary(rotary, config, name: str) -> None:
-    """A ValueError unless ``rotary`` can stand for the rotary module ``name`` of a model with ``config``:
-    a plain :class:`RotaryEmbedding` with the model's head and rotary dimensions and pairing."""
+def _check_rotary(rotary, config, name: str, layout: str) -> None:
+    """A ValueError unless ``rotary`` can stand for the rotary module ``name`` of a model with ``config``
+    whose attention pairs dimensions as ``layout`` says: a plain :class:`RotaryEmbedding` with the model's
+    head and rotary dimensions and pairing."""
     if not isinstance(rotary, RotaryEmbedding):
         raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
     if type(rotary) is not RotaryEmbedding:
@@ -122,7 +157,7 @@ def _check_rotary(rotary, config, name: str) -> None:
             f"rotary={type(rotary).__name__}(...) does more than rotate (xPos scales queries and keys too), "
             "which the cos/sin a model's rotary module hands out cannot carry; pass a posenc.RotaryEmbedding"
         )
-    want = rope_settings(config)
+    want = {**rope_settings(config), "layout": layout}
     got = {"head_dim": rotary.head_dim, "rotary_dim": rotary.rotary_dim, "layout": rotary.layout}
     for key, value in got.items():
         if value != want[key]:
