@@ -354,3 +354,42 @@ def test_consistent_cache_keeps_half_precision_keys_from_drifting():
     drift = (cache.layers[0].keys.float() - full.layers[0].keys.float()).abs().max().item()
     scale = full.layers[0].keys.float().abs().max().item()
     assert drift <= 2 * scale * 2**-8, f"cached keys drifted by {drift:.3g} (keys up to {scale:.3g})"
+
+
+@pytest.mark.parametrize(
+    "cfg_cls, model_cls, kwargs",
+    [
+        (  # half-width cos/sin
+            "GptOssConfig",
+            "GptOssForCausalLM",
+            dict(COMMON, num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+        ),
+        (  # complex freqs_cis
+            "DeepseekV2Config",
+            "DeepseekV2ForCausalLM",
+            dict(
+                COMMON,
+                num_key_value_heads=4,
+                moe_intermediate_size=32,
+                n_routed_experts=2,
+                num_experts_per_tok=1,
+                kv_lora_rank=16,
+                q_lora_rank=16,
+                qk_rope_head_dim=8,
+                qk_nope_head_dim=8,
+                v_head_dim=16,
+            ),
+        ),
+        ("Glm4vTextConfig", "Glm4vTextModel", dict(COMMON, num_key_value_heads=2)),  # M-RoPE
+    ],
+    ids=["gpt_oss", "deepseek_v2", "glm4v_text"],
+)
+def test_families_whose_positions_posenc_cannot_give_are_refused_when_patched(cfg_cls, model_cls, kwargs):
+    """They were accepted and crashed at the first forward: patch_model now reads what each rotary module
+    hands out and refuses, before patching anything, what it cannot reproduce."""
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
+    with pytest.raises(
+        ValueError, match="patch_model does not know how .*RotaryEmbedding .* hands out cos/sin"
+    ):
+        patch_model(model)
+    assert not any(hasattr(m, "posenc_rotary") for m in model.modules())

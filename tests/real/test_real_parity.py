@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-from posenc.hf import patch_model, rope_settings
+from posenc.hf import patch_model, rope_settings, unpatch_model
 from posenc.real.methods import applied, method_rotary
 
 # Logits are ~10-30 in size; float32 rounding of transformers' angles (formed in float32, posenc's in
@@ -38,14 +38,25 @@ def test_patch_model_on_real_weights_is_transformers_with_posenc_computing_every
     model = fresh_smollm2.model
     ids = real_text[:, :128]
     want, want_tokens = logits(model, ids), greedy(model, ids[:, :48])
+    patch_model(model)
     rotary = model.model.rotary_emb
     with torch.no_grad():  # transformers' own cos/sin are now wrong: only posenc's can give the right outputs
         rotary.inv_freq.mul_(1.25)
         rotary.original_inv_freq.mul_(1.25)
-    assert max_diff(logits(model, ids), want) > WRONG
-    patch_model(model)
     assert max_diff(logits(model, ids), want) < LOGITS_TOL
     assert greedy(model, ids[:, :48]) == want_tokens  # 16 decode steps through transformers' KV cache
+    unpatch_model(model)
+    assert max_diff(logits(model, ids), want) > WRONG  # the wrong cos/sin show once posenc is gone
+
+
+def test_a_model_whose_own_positions_posenc_cannot_reproduce_is_refused(fresh_smollm2, real_text):
+    """patch_model compares posenc's cos/sin with the model's own before patching: exact or refused."""
+    model = fresh_smollm2.model
+    with torch.no_grad():
+        model.model.rotary_emb.inv_freq.mul_(1.25)  # the model now computes positions its config does not say
+    with pytest.raises(ValueError, match="are not what the model computes itself"):
+        patch_model(model)
+    assert not hasattr(model.model.rotary_emb, "posenc_rotary")
 
 
 def _native_rotary(config, rotary, method: str, train_len: int, factor: float) -> LlamaRotaryEmbedding:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 
 import torch
@@ -16,7 +17,7 @@ __all__ = ["consistent_cache", "patch_model", "unpatch_model"]
 
 # model types the single-RoPE path of patch_model is tested on (tests/test_hf.py); others with the same
 # rotary module layout (inv_freq, attention_scaling, forward(x, position_ids) -> (cos, sin)) also work.
-PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj")
+PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj", "cohere", "cohere2_moe")
 
 
 def _cos_sin(module, x, position_ids):
@@ -41,19 +42,36 @@ def _pairs_forward(module, x, position_ids, *args, **kwargs):
 _FORMS = {"half": (_half_forward, "half"), "pairs": (_pairs_forward, "interleaved")}
 
 
-def _handout(module) -> str | None:
-    """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
-    1..4, where the frequencies differ: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency
-    twice in a row), or None (neither, or it does not run on a probe)."""
-    device = next(iter(module.buffers()), torch.empty(0)).device
+def _probe_positions(device, axes: bool = False) -> torch.Tensor:
+    """Position ids 1..4, where the frequencies differ: (1, 4), or (3, 1, 4) with three different axes."""
+    pos = torch.arange(1, 5, device=device)[None]
+    return torch.stack((pos, pos + 1, 2 * pos)) if axes else pos
+
+
+def _own_output(module, positions: torch.Tensor):
+    """What a rotary module itself hands out at ``positions`` (its class's forward), as a (cos, sin) pair
+    of tensors; None when it does not run on them or hands out something else."""
     try:
         with torch.no_grad():
-            out = type(module).forward(
-                module, torch.zeros(1, 4, 1, device=device), torch.arange(1, 5, device=device)[None]
-            )
-    except Exception:  # a module with another signature: not one of the forms below
+            x = torch.zeros(1, positions.shape[-1], 1, device=positions.device)
+            out = type(module).forward(module, x, positions)
+    except Exception:  # another signature or another kind of position ids
         return None
-    if not (isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)):
+    if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
+        return out
+    return None
+
+
+def _device_of(module) -> torch.device:
+    return next(iter(module.buffers()), torch.empty(0)).device
+
+
+def _handout(module) -> str | None:
+    """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
+    1..4: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), or None
+    (neither, or it does not run on plain position ids)."""
+    out = _own_output(module, _probe_positions(_device_of(module)))
+    if out is None:
         return None
     cos = out[0].float()
     width = cos.shape[-1]
@@ -64,6 +82,39 @@ def _handout(module) -> str | None:
     if torch.equal(cos[..., 0::2], cos[..., 1::2]):
         return "pairs"
     return None
+
+
+def _takes_axis_positions(module) -> bool:
+    """Whether a rotary module reads (3, batch, seq) M-RoPE position ids: it hands out (batch, seq, dim)
+    for them (a plain RoPE module broadcasts them into another shape)."""
+    out = _own_output(module, _probe_positions(_device_of(module), axes=True))
+    return out is not None and tuple(out[0].shape[:-1]) == (1, 4)
+
+
+def _probe_tolerance(module) -> float:
+    """How far posenc's cos/sin at positions 1..4 may be from a module's own: its float32 rounding (~1e-7),
+    or, for a module whose inv_freq a cast to half precision rounded, 16 of that dtype's epsilons. A misread
+    RoPE (another base, pairing or width) is off by far more."""
+    buf = next((b for b in module.buffers() if b.is_floating_point()), None)
+    half = buf is not None and buf.dtype in (torch.float16, torch.bfloat16)
+    eps = torch.finfo(buf.dtype).eps if half else 0.0
+    return max(1e-5, 16 * eps)
+
+
+def _mismatch(module, rotary, forward) -> float:
+    """The largest difference between what ``forward`` with ``rotary`` hands out and what the module itself
+    does at positions 1..4 (inf for another shape or dtype)."""
+    pos = _probe_positions(_device_of(module))
+    own = _own_output(module, pos)
+    with torch.no_grad():
+        ours = forward(
+            types.SimpleNamespace(posenc_rotary=rotary), torch.zeros(1, 4, 1, device=pos.device), pos
+        )
+    diffs = [
+        (a.float() - b.float()).abs().max().item() if a.shape == b.shape else math.inf
+        for a, b in zip(own, ours, strict=True)
+    ]
+    return max(diffs)
 
 
 def _gptj_forward(module, x, position_ids, *args, **kwargs):
@@ -126,24 +177,42 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
         if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
             forward, layout = _gptj_forward, "interleaved"
         else:
-            form = _handout(module) if hasattr(module, "inv_freq") else None
-            if form is None:
-                raise ValueError(
-                    f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it "
-                    "gives neither each frequency twice in halves (rotate_half families) nor twice in a row "
-                    f"(interleaved pairs); tested: {', '.join(PATCHED_FAMILIES)}"
-                )
-            forward, layout = _FORMS[form]
+            forward, layout = _FORMS[_form(module, name, model_type)]
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
-        rot = rotary if rotary is not None else RotaryEmbedding(**{**rope_settings(config), "layout": layout})
+            rot = rotary
+        else:
+            rot = RotaryEmbedding(**{**rope_settings(config), "layout": layout}).to(_device_of(module))
+            if forward is not _gptj_forward and _mismatch(module, rot, forward) > _probe_tolerance(module):
+                raise ValueError(  # exact or refused: never run a model with positions that are not its own
+                    f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
+                    "not what the model computes itself: posenc does not read this family's RoPE right yet"
+                )
         plans.append((module, rot, forward))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
     for module, rot, forward in plans:
-        module.posenc_rotary = rot.to(next(iter(module.buffers()), torch.empty(0)).device)
+        module.posenc_rotary = rot.to(_device_of(module))
         module.forward = types.MethodType(forward, module)
     return model
+
+
+def _form(module, name: str, model_type: str) -> str:
+    """The hand-out form of a single-RoPE rotary module, or a ValueError saying why posenc cannot take it."""
+    if _takes_axis_positions(module):
+        raise ValueError(
+            f"{type(module).__name__} ({name}) takes (3, batch, seq) M-RoPE position ids; patch_model "
+            f"applies M-RoPE through the plans of {', '.join(sorted(t for t in ADAPTERS if 'vl' in t))}, and "
+            f"model_type {model_type!r} is not one of them yet"
+        )
+    form = _handout(module) if hasattr(module, "inv_freq") else None
+    if form is None:
+        raise ValueError(
+            f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it gives "
+            "neither each frequency twice in halves (rotate_half families) nor twice in a row (interleaved "
+            f"pairs); tested: {', '.join(PATCHED_FAMILIES)}"
+        )
+    return form
 
 
 def _check_rotary(rotary, config, name: str, layout: str) -> None:
