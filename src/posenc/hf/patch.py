@@ -9,7 +9,7 @@ import types
 import torch
 
 from ..rope import RotaryEmbedding
-from ._config import INTERLEAVED_MODEL_TYPES, _get, rope_settings, rotary_from_config
+from ._config import _get, rope_settings, rotary_from_config
 from .layers import ADAPTERS, patch_layers, unpatch_layers
 from .plan import position_plan, text_config
 
@@ -249,15 +249,11 @@ def _patch_remap(model, targets, rotary, remap) -> None:
         )
     name, module = targets[0]
     config = getattr(module, "config", None) or model.config
+    layout = _FORMS[_form(module, name, _get(config, "model_type", default=""))][1]
     if rotary is not None:
-        _check_rotary(rotary, config, name)
-    if not (
-        hasattr(module, "inv_freq") and _get(config, "model_type", default="") not in INTERLEAVED_MODEL_TYPES
-    ):
-        raise ValueError(
-            f"remap= supports the rotate_half families; {type(module).__name__} ({name}) is not one"
-        )
-    patch_remap(model, [module], rotary if rotary is not None else rotary_from_config(config), remap)
+        _check_rotary(rotary, config, name, layout)
+    rot = rotary if rotary is not None else RotaryEmbedding(**{**rope_settings(config), "layout": layout})
+    patch_remap(model, [module], rot, remap)
 
 
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
