@@ -1,6 +1,7 @@
 """Running a document's code blocks as a test: every ```python block in one namespace, in order, and every
 line of every ```bash block as a command, in a scratch folder with posenc's console script on PATH.
 
+A python block whose first line is ``# name.py`` is also saved as that file, for the commands after it.
 A ```text block is what the python block before it prints, and is checked against that. Set-up commands
 are checked rather than run: ``make TARGET`` by ``make -n TARGET`` in the repository (the
 target exists and its recipe expands; ``make test`` is what CI runs, ``make demo`` the ten-minute main job),
@@ -50,6 +51,9 @@ def run_blocks(doc: str, workdir: Path) -> int:
         for n, (language, code) in enumerate(code_blocks(doc), 1):
             where = f"{doc}, code block {n} ({language})"
             if language == "python":
+                first = code.split("\n", 1)[0]
+                if re.fullmatch(r"# [\w/]+\.py", first):  # a file to save, as the page says to
+                    Path(first[2:]).write_text(code)
                 printed = io.StringIO()
                 with contextlib.redirect_stdout(printed):
                     exec(compile(code, where, "exec"), namespace)
