@@ -96,3 +96,18 @@ def test_write_puts_every_file_in_place(payload, tmp_path):
     assert (tmp_path / "out" / "results.md").read_text() == text
     _, files = report.write(tmp_path / "partial", payload, figure=False)
     assert not (tmp_path / "partial" / "extend.png").exists() and len(files) == 2
+
+
+def test_the_suggestion_follows_its_stated_rule(payload):
+    rows = payload["results"]
+    # passkey at 200: dynamic 0.75 with interval [0.45, 1.0]; pi's 0.5 lies inside it, none's 0.0 does not
+    inside = [r for r in rows[1:] if r["passkey"]["200"] is not None and r["passkey"]["200"] >= 0.45]
+    want = min(inside, key=lambda r: r["ppl"]["200"])["method"]
+    assert report.suggestion(payload).startswith(f"Suggested start at 200 tokens: {want} (perplexity ")
+    assert report.summary(payload)[-1] == report.suggestion(payload)
+    for r in rows:  # without passkey: the lowest perplexity there
+        r["passkey"] = {n: None for n in r["passkey"]}
+    best = min((r for r in rows[1:] if r["ppl"]["200"] is not None), key=lambda r: r["ppl"]["200"])
+    assert f": {best['method']} (perplexity" in report.suggestion(payload)
+    payload["lengths"] = [100]
+    assert report.suggestion(payload) is None  # nothing past the trained length

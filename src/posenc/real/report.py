@@ -28,7 +28,7 @@ from posenc.lab.report import grid_table, save_figure
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["extend_figure", "markdown", "summary", "write"]
+__all__ = ["extend_figure", "markdown", "suggestion", "summary", "write"]
 
 
 def _num(v: float | None, digits: int = 2) -> str:
@@ -168,7 +168,42 @@ def summary(payload: dict) -> list[str]:
                 f"Short prompts (the first {payload['short_tokens']} tokens), perplexity against the model "
                 f"as trained: {', '.join(costs)}."
             )
+    pick = suggestion(payload)
+    if pick:
+        facts.append(pick)
     return facts
+
+
+def suggestion(payload: dict) -> str | None:
+    """One method to start from, by a stated rule: at the longest length past the trained one, of the
+    methods whose passkey accuracy lies within the best one's 95% interval (all of them without passkey),
+    the lowest perplexity. None when nothing past the trained length was measured."""
+    rows, L = payload["results"], payload["train_len"]
+    longer = [n for n in payload["lengths"] if n > L]
+    if not longer:
+        return None
+    key = str(longer[-1])
+    measured = [r for r in rows if r["method"] != "none" and r["ppl"].get(key) is not None]
+    keyed = [r for r in measured if r["passkey"].get(key) is not None]
+    if keyed:
+        best = max(keyed, key=lambda r: r["passkey"][key])
+        floor = best["passkey_ci95"][key][0]
+        measured = [r for r in keyed if r["passkey"][key] >= floor]
+    if not measured:
+        return None
+    pick = min(measured, key=lambda r: r["ppl"][key])
+    none = next((r for r in rows if r["method"] == "none"), None)
+    cost = ""
+    if none and none["ppl_short"] and pick["ppl_short"] is not None:
+        cost = (
+            f"; it costs short prompts {100 * (pick['ppl_short'] / none['ppl_short'] - 1):+.1f}% perplexity"
+        )
+    kept = f", passkey {pick['passkey'][key]:.2f}" if pick["passkey"].get(key) is not None else ""
+    return (
+        f"Suggested start at {key} tokens: {pick['method']} (perplexity {_num(pick['ppl'][key])}{kept}{cost}). "
+        "Rule: of the methods whose passkey accuracy there lies within the best one's 95% interval, the "
+        "lowest perplexity; a rule of thumb read off these numbers, with their intervals, not a verdict."
+    )
 
 
 def extend_figure(payload: dict) -> Figure:
