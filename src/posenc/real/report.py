@@ -200,7 +200,8 @@ def suggestion(payload: dict) -> str | None:
         )
     kept = f", passkey {pick['passkey'][key]:.2f}" if pick["passkey"].get(key) is not None else ""
     return (
-        f"Suggested start at {key} tokens: {pick['method']} (perplexity {_num(pick['ppl'][key])}{kept}{cost}). "
+        f"Suggested start at {key} tokens: {pick['method']} (perplexity {_num(pick['ppl'][key])}{kept}{cost})"
+        ". "
         "Rule: of the methods whose passkey accuracy there lies within the best one's 95% interval, the "
         "lowest perplexity; a rule of thumb read off these numbers, with their intervals, not a verdict."
     )
