@@ -404,8 +404,13 @@ def test_a_corrupt_saved_row_is_set_aside_and_evaluated_again(compared, corpus_d
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     saved = copy / "models" / "rope" / "seed-0" / "eval.json"
+    # other tests of this module add seeds to ``out``; this model's own saved row is what must come back,
+    # all but its timings
+    before = json.loads(saved.read_text())["row"]
     saved.write_text('{"key": {"steps": ')
     assert main(tiny_compare_args(copy, corpus_dir, cache)) == 0
     assert "eval.json' is corrupt" in capsys.readouterr().err
-    assert saved.with_name("eval.json.corrupt").exists() and json.loads(saved.read_text())["row"]
-    assert ppl_by_scheme(copy) == ppl_by_scheme(out)
+    assert saved.with_name("eval.json.corrupt").exists()
+    after = json.loads(saved.read_text())["row"]
+    timings = ("train_s", "eval_s")
+    assert {k: v for k, v in after.items() if k not in timings} == {k: v for k, v in before.items() if k not in timings}
