@@ -393,3 +393,45 @@ def test_families_whose_positions_posenc_cannot_give_are_refused_when_patched(cf
     ):
         patch_model(model)
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
+
+
+def test_a_rotary_module_with_one_rope_per_layer_type_gets_one_per_type_and_unpatches():
+    """OLMo 3's rotary module keeps a RoPE per layer type (forward(x, position_ids, layer_type)); it was
+    refused as an unknown hand-out. Sliding layers at base 1e4, full ones at 5e5 with YaRN."""
+    from posenc.hf.zoo import _sabotage
+
+    config = transformers.Olmo3Config(
+        **{**COMMON, "num_hidden_layers": 4},
+        num_key_value_heads=2,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            "full_attention": {
+                "rope_type": "yarn",
+                "rope_theta": 5e5,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    )
+    torch.manual_seed(0)
+    model = transformers.Olmo3ForCausalLM(config).eval()
+    ids = torch.randint(3, 100, (1, 24))
+    with torch.no_grad():
+        want = model(ids).logits
+    with pytest.raises(ValueError, match="one per layer type"):
+        patch_model(model, rotary=RotaryEmbedding(16, layout="half"))
+    patch_model(model)
+    rotaries = model.model.rotary_emb.posenc_rotary
+    assert sorted(rotaries) == ["full_attention", "sliding_attention"]
+    assert (
+        rotaries["full_attention"].base == 5e5 and rotaries["full_attention"].scaling["rope_type"] == "yarn"
+    )
+    _sabotage(model)  # transformers' own cos/sin would now be wrong: posenc's are what the model uses
+    with torch.no_grad():
+        assert (model(ids).logits - want).abs().max() < LOGITS_TOL
+    unpatch_model(model)
+    assert not hasattr(model.model.rotary_emb, "posenc_forms")
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)

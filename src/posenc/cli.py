@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "posenc.tools.bench",  # posenc bench
     "posenc.lab.commands",  # posenc train / eval / sample / compare
     "posenc.real.commands",  # posenc extend
+    "posenc.hf.zoo",  # posenc zoo
 )
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import types
+from collections.abc import Mapping
 
 import torch
 
@@ -42,19 +44,21 @@ def _pairs_forward(module, x, position_ids, *args, **kwargs):
 _FORMS = {"half": (_half_forward, "half"), "pairs": (_pairs_forward, "interleaved")}
 
 
-def _probe_positions(device, axes: bool = False) -> torch.Tensor:
-    """Position ids 1..4, where the frequencies differ: (1, 4), or (3, 1, 4) with three different axes."""
+def _probe_positions(device, axes: int = 0) -> torch.Tensor:
+    """Position ids 1..4, where the frequencies differ: (1, 4), or (axes, 1, 4) with different axes."""
     pos = torch.arange(1, 5, device=device)[None]
-    return torch.stack((pos, pos + 1, 2 * pos)) if axes else pos
+    return torch.stack([pos * (a + 1) + a for a in range(axes)]) if axes else pos
 
 
-def _own_output(module, positions: torch.Tensor):
-    """What a rotary module itself hands out at ``positions`` (its class's forward), as a (cos, sin) pair
-    of tensors; None when it does not run on them or hands out something else."""
+def _own_output(module, positions: torch.Tensor, layer_type: str | None = None, dtype=torch.float32):
+    """What a rotary module itself hands out at ``positions`` (its class's forward; for ``layer_type`` when
+    its RoPE is per layer type), as a (cos, sin) pair of tensors; None when it does not run on them or hands
+    out something else."""
     try:
         with torch.no_grad():
-            x = torch.zeros(1, positions.shape[-1], 1, device=positions.device)
-            out = type(module).forward(module, x, positions)
+            x = torch.zeros(1, positions.shape[-1], 1, device=positions.device, dtype=dtype)
+            extra = () if layer_type is None else (layer_type,)
+            out = type(module).forward(module, x, positions, *extra)
     except Exception:  # another signature or another kind of position ids
         return None
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
@@ -66,11 +70,11 @@ def _device_of(module) -> torch.device:
     return next(iter(module.buffers()), torch.empty(0)).device
 
 
-def _handout(module) -> str | None:
+def _handout(module, layer_type: str | None = None) -> str | None:
     """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
     1..4: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), or None
     (neither, or it does not run on plain position ids)."""
-    out = _own_output(module, _probe_positions(_device_of(module)))
+    out = _own_output(module, _probe_positions(_device_of(module)), layer_type)
     if out is None:
         return None
     cos = out[0].float()
@@ -84,11 +88,14 @@ def _handout(module) -> str | None:
     return None
 
 
-def _takes_axis_positions(module) -> bool:
-    """Whether a rotary module reads (3, batch, seq) M-RoPE position ids: it hands out (batch, seq, dim)
-    for them (a plain RoPE module broadcasts them into another shape)."""
-    out = _own_output(module, _probe_positions(_device_of(module), axes=True))
-    return out is not None and tuple(out[0].shape[:-1]) == (1, 4)
+def _takes_axis_positions(module, layer_type: str | None = None) -> bool:
+    """Whether a rotary module reads (axes, batch, seq) M-RoPE position ids (2 to 4 axes): it hands out
+    (batch, seq, dim) for them, where a plain RoPE module broadcasts them into another shape."""
+    for axes in (2, 3, 4):
+        out = _own_output(module, _probe_positions(_device_of(module), axes), layer_type)
+        if out is not None and tuple(out[0].shape[:-1]) == (1, 4):
+            return True
+    return False
 
 
 def _probe_tolerance(module) -> float:
@@ -101,11 +108,11 @@ def _probe_tolerance(module) -> float:
     return max(1e-5, 16 * eps)
 
 
-def _mismatch(module, rotary, forward) -> float:
+def _mismatch(module, rotary, forward, layer_type: str | None = None) -> float:
     """The largest difference between what ``forward`` with ``rotary`` hands out and what the module itself
     does at positions 1..4 (inf for another shape or dtype)."""
     pos = _probe_positions(_device_of(module))
-    own = _own_output(module, pos)
+    own = _own_output(module, pos, layer_type)
     with torch.no_grad():
         ours = forward(
             types.SimpleNamespace(posenc_rotary=rotary), torch.zeros(1, 4, 1, device=pos.device), pos
@@ -115,6 +122,61 @@ def _mismatch(module, rotary, forward) -> float:
         for a, b in zip(own, ours, strict=True)
     ]
     return max(diffs)
+
+
+def _typed_forward(module, x, position_ids, layer_type, *args, **kwargs):
+    """The forward of a rotary module whose RoPE is per layer type (``forward(x, position_ids,
+    layer_type)``: OLMo 3, ModernBERT, LFM3, ...): that type's posenc rotary in that type's hand-out form,
+    in float32 when the module's own cos/sin stay float32 for half-precision inputs."""
+    rotary, forward, keeps_float32 = module.posenc_rotary[layer_type], *module.posenc_forms[layer_type]
+    cos, sin = forward(types.SimpleNamespace(posenc_rotary=rotary), x, position_ids)
+    return (cos.float(), sin.float()) if keeps_float32 else (cos, sin)
+
+
+def _rope_layer_types(module) -> list[str] | None:
+    """The layer types of a rotary module that keeps one RoPE per layer type (its forward takes
+    ``layer_type``), those with RoPE; None for a module with one RoPE."""
+    try:
+        takes_type = "layer_type" in inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return None
+    kinds = getattr(module, "rope_type", None)
+    if not takes_type or not isinstance(kinds, dict):
+        return None
+    return sorted(kinds)
+
+
+def _plan_typed(module, name: str, config, model_type: str, layer_types: list[str]):
+    """posenc's rotaries and hand-out forms for each layer type of a per-layer-type rotary module, each
+    checked against the module's own cos/sin; a ValueError naming the layer type where one is not exact."""
+    params = _get(config, "rope_parameters")
+    base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    rotaries, forms = {}, {}
+    for layer_type in layer_types:
+        if _takes_axis_positions(module, layer_type):
+            raise ValueError(
+                f"{type(module).__name__} ({name}, layer type {layer_type!r}) takes M-RoPE position ids of "
+                f"several axes; patch_model does not apply M-RoPE per layer type (model_type {model_type!r})"
+            )
+        form = _handout(module, layer_type)
+        if form is None or not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
+            raise ValueError(
+                f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin for "
+                f"layer type {layer_type!r}"
+            )
+        forward, layout = _FORMS[form]
+        settings = rope_settings({**base, "rope_parameters": dict(params[layer_type])})
+        rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+        if _mismatch(module, rot, forward, layer_type) > _probe_tolerance(module):
+            raise ValueError(
+                f"posenc's cos/sin for layer type {layer_type!r} of {type(module).__name__} ({name}, "
+                f"model_type {model_type!r}) are not what the model computes itself: posenc does not read "
+                "this family's RoPE right yet"
+            )
+        own = _own_output(module, _probe_positions(_device_of(module)), layer_type, torch.bfloat16)
+        rotaries[layer_type] = rot
+        forms[layer_type] = (forward, own is not None and own[0].dtype == torch.float32)
+    return torch.nn.ModuleDict(rotaries), forms
 
 
 def _gptj_forward(module, x, position_ids, *args, **kwargs):
@@ -139,7 +201,10 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     For every other family, each ``*RotaryEmbedding`` submodule gets a posenc :class:`RotaryEmbedding`
     (built from its config by :func:`rotary_from_config`, or ``rotary``), stored as its ``posenc_rotary``
     child, and a forward that returns posenc's cos/sin in the shape and order that family's attention code
-    expects.
+    expects; a module with one RoPE per layer type (OLMo 3, ModernBERT, LFM3, ...) gets one per type. Each
+    is checked against the module's own cos/sin before anything is patched, and refused (ValueError) unless
+    equal to float32 rounding. A vision tower's rotary module (``rope_type`` "axial", the positions of image
+    patches) is left as it is: posenc computes the language model's positions.
 
     With ``remap`` (a :class:`posenc.remap.Remap`: SelfExtend, ReRoPE, STRING), the model's attention runs
     at remapped distances with that RoPE (single-RoPE rotate_half families, unpadded batches; see
@@ -167,6 +232,7 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
         if type(module).__name__.endswith("RotaryEmbedding")
         and not isinstance(module, RotaryEmbedding)
         and not hasattr(module, "posenc_rotary")
+        and not _places_image_patches(module)
     ]
     if remap is not None:
         _patch_remap(model, targets, rotary, remap)
@@ -174,6 +240,16 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     plans = []  # every target checked before any is patched: a refusal leaves the model as it was
     for name, module in targets:
         config = getattr(module, "config", None) or model.config
+        layer_types = _rope_layer_types(module)
+        if layer_types is not None:
+            if rotary is not None:
+                raise ValueError(
+                    f"rotary= replaces one RoPE; {type(module).__name__} ({name}) has one per layer type "
+                    f"({', '.join(layer_types)})"
+                )
+            rotaries, forms = _plan_typed(module, name, config, model_type, layer_types)
+            plans.append((module, rotaries, _typed_forward, forms))
+            continue
         if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
             forward, layout = _gptj_forward, "interleaved"
         else:
@@ -188,20 +264,30 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
                     f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
                     "not what the model computes itself: posenc does not read this family's RoPE right yet"
                 )
-        plans.append((module, rot, forward))
+        plans.append((module, rot, forward, None))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
-    for module, rot, forward in plans:
+    for module, rot, forward, forms in plans:
         module.posenc_rotary = rot.to(_device_of(module))
+        if forms is not None:
+            module.posenc_forms = forms
         module.forward = types.MethodType(forward, module)
     return model
+
+
+def _places_image_patches(module) -> bool:
+    """Whether a rotary module is a vision tower's (its config's ``rope_type`` is "axial": 2-D positions of
+    image patches, which patch_model leaves to the model; posenc's own is
+    :class:`posenc.AxialRotaryEmbedding`)."""
+    params = _get(getattr(module, "config", None) or {}, "rope_parameters")
+    return isinstance(params, Mapping) and params.get("rope_type") == "axial"
 
 
 def _form(module, name: str, model_type: str) -> str:
     """The hand-out form of a single-RoPE rotary module, or a ValueError saying why posenc cannot take it."""
     if _takes_axis_positions(module):
         raise ValueError(
-            f"{type(module).__name__} ({name}) takes (3, batch, seq) M-RoPE position ids; patch_model "
+            f"{type(module).__name__} ({name}) takes M-RoPE position ids of several axes; patch_model "
             f"applies M-RoPE through the plans of {', '.join(sorted(t for t in ADAPTERS if 'vl' in t))}, and "
             f"model_type {model_type!r} is not one of them yet"
         )
@@ -280,6 +366,7 @@ def unpatch_model(model):
         if hasattr(module, "posenc_rotary"):
             del module.forward  # the instance attribute; the class's forward shows through again
             del module.posenc_rotary
+            module.__dict__.pop("posenc_forms", None)
     return model
 
 
@@ -305,7 +392,11 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
     from ..rope.cache import rerotate_schedule, same_schedule
 
     if rotary is None:
-        found = [m.posenc_rotary for m in model.modules() if hasattr(m, "posenc_rotary")]
+        found = [
+            m.posenc_rotary
+            for m in model.modules()
+            if isinstance(getattr(m, "posenc_rotary", None), RotaryEmbedding)
+        ]
         rotary = found[0] if found else rotary_from_config(model.config)
 
     class RopeConsistentCache(DynamicCache):

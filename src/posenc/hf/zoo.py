@@ -1,0 +1,386 @@
+"""posenc across the transformers zoo: every registered model type whose code has a rotary module, built
+tiny from its own config class, patched with :func:`posenc.hf.patch_model` and classified.
+
+A model is checked as a user would run it, with transformers' own rotary modules made to hand out wrong
+cos/sin (so that a silent fallback to them shows): logits at positions 0..11, again 12 tokens starting
+near position 3000 (or the end of a shorter ``max_position_embeddings``), and the last two tokens decoded
+one at a time from a cache, against the unpatched model.
+Each model type gets one :class:`ZooResult`:
+
+- ``exact``: equal to float32 rounding: within 1e-5 of the logits' scale, or, where sharp attention
+  amplifies rounding, within 1e-4 of what wrong cos/sin move them by at positions 0..11 and 1e-3 near
+  3000 (transformers forms its angles in float32, posenc in float64); a wrong schedule moves them by a
+  fair share of that;
+- ``exact, positions unseen``: equal, but its tiny model's outputs barely depend on positions, so the
+  check could not tell a wrong schedule (the gap is under 10x the tolerance);
+- ``refused``: ``patch_model`` raised ValueError before patching anything;
+- ``no rotary module``, ``not built tiny``, ``does not run tiny`` (a vision or audio encoder, whose
+  forward takes no token ids, or a tiny config the model's code cannot run unpatched): not checked, with
+  the reason;
+- the failures, which must never occur: ``silently wrong``, ``accepted then crashed`` (patched, then the
+  forward raised), ``crashed when patched`` (an error other than ValueError).
+
+``posenc zoo`` runs the sweep and writes its table into docs/models.md; ``tests/hf/test_zoo.py`` runs it
+for every model type and fails on any failure or on a table row that says otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["FAILURES", "ZooResult", "check", "markdown", "rope_model_types", "sweep", "tiny_config"]
+
+FAILURES = ("silently wrong", "accepted then crashed", "crashed when patched")
+LENGTH = 12
+FAR = 3000
+MAX_PARAMETERS = 40_000_000  # a tiny config that is still larger than this kept a size its shrinking missed
+
+# Every size key a config may carry, made small; a config's other keys keep their defaults.
+_SIZES = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=6,  # Gemma-style patterns (five local, one global) reach a global layer
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,  # the width the default mrope_section lists are laid out for
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+    num_experts=4,
+    n_routed_experts=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    vocab_size=512,
+    n_layer=6,
+    n_head=2,
+    n_embd=256,
+    num_layers=6,
+    d_model=256,
+    depth=2,
+    embed_dim=128,
+    num_heads=2,
+    out_hidden_size=256,
+    vision_hidden_size=256,
+)
+_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+@dataclass(frozen=True)
+class ZooResult:
+    """One model type's outcome. ``prefill``, ``far`` and ``decode``: max |Δlogits| against the unpatched
+    model at positions 0.., near 3000 and in cached decoding of the last two tokens (None for a model
+    without a cache); ``shows``: how far wrong cos/sin move the unpatched model's logits;
+    ``scale``: the largest |logit|."""
+
+    model_type: str
+    status: str
+    detail: str = ""
+    prefill: float | None = None
+    far: float | None = None
+    decode: float | None = None
+    shows: float | None = None
+    scale: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILURES
+
+
+def _modeling_source(model_type: str) -> str:
+    import transformers
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    folder = Path(transformers.__file__).parent / "models" / model_type_to_module_name(model_type)
+    return "".join(p.read_text() for p in sorted(folder.glob("modeling_*.py"))) if folder.exists() else ""
+
+
+def rope_model_types() -> list[str]:
+    """The model types transformers registers a model class for whose modeling code has a
+    ``*RotaryEmbedding``, sorted."""
+    from transformers.models.auto import modeling_auto
+
+    registered = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(modeling_auto.MODEL_MAPPING_NAMES)
+    return sorted(t for t in registered if "RotaryEmbedding" in _modeling_source(t))
+
+
+def _shrunk(values: dict) -> dict:
+    """The keyword arguments that make a config with these ``values`` (its ``to_dict()``) tiny."""
+    out = {}
+    layers = values.get("num_hidden_layers")
+    mla = "kv_lora_rank" in values  # DeepSeek-style latent attention: head_dim is set from its rope slice
+    for key, value in values.items():
+        if key in _SIZES and (value is None or isinstance(value, int)) and not isinstance(value, bool):
+            if not (mla and key == "head_dim"):
+                out[key] = (
+                    _SIZES["num_attention_heads"] if mla and key == "num_key_value_heads" else _SIZES[key]
+                )
+        elif key in _TOKEN_IDS and isinstance(value, int):
+            out[key] = _TOKEN_IDS[key]
+        elif isinstance(value, dict) and key.endswith("_config") and key != "per_layer_config":
+            out[key] = _shrunk(value) | ({"model_type": value["model_type"]} if "model_type" in value else {})
+        elif isinstance(layers, int) and layers > 1 and isinstance(value, list) and len(value) == layers:
+            out[key] = value[: _SIZES["num_hidden_layers"]]  # one entry per layer
+        elif key == "per_layer_config" and isinstance(value, dict):
+            out[key] = {i: c for i, c in value.items() if int(i) < _SIZES["num_hidden_layers"]}
+    return out
+
+
+def tiny_config(model_type: str):
+    """The config of ``model_type`` with every size made small (defaults for everything else)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    return cls(**_shrunk(cls().to_dict()))
+
+
+def _model_class(model_type: str):
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    name = name or modeling_auto.MODEL_MAPPING_NAMES[model_type]
+    return getattr(transformers, name[0] if isinstance(name, tuple | list) else name)
+
+
+def _rotary_modules(model) -> list:
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def _moved(out):
+    """Wrong cos/sin (or whatever a rotary module hands out), of the same shapes and dtypes."""
+    if isinstance(out, torch.Tensor):
+        return out * 0.9 + 0.05 if out.is_floating_point() or out.is_complex() else out
+    if isinstance(out, tuple):
+        return tuple(_moved(o) for o in out)
+    return out
+
+
+def _sabotage(model) -> None:
+    """Make every rotary module posenc did not patch hand out wrong cos/sin."""
+    for module in _rotary_modules(model):
+        if "forward" not in module.__dict__:
+            own = type(module).forward
+            module.forward = types.MethodType(lambda self, *a, _f=own, **k: _moved(_f(self, *a, **k)), module)
+
+
+def _restore(model) -> None:
+    for module in _rotary_modules(model):
+        if "forward" in module.__dict__ and not hasattr(module, "posenc_rotary"):
+            del module.forward
+
+
+def _logits(model, ids, offset: int) -> torch.Tensor:
+    kwargs = {"position_ids": torch.arange(offset, offset + ids.shape[1])[None]} if offset else {}
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=False, **kwargs)
+    found = getattr(out, "logits", None)
+    return (found if found is not None else out.last_hidden_state).float()
+
+
+def _cache_of(out):
+    found = getattr(out, "cache", None)  # transformers 5's name; past_key_values before
+    return found if found is not None else getattr(out, "past_key_values", None)
+
+
+def _decoded(model, ids) -> torch.Tensor | None:
+    """Logits of the last two tokens decoded one at a time after a cached prefill of the others; None for
+    a model without a cache."""
+    try:
+        with torch.no_grad():
+            cache = _cache_of(model(input_ids=ids[:, :-2], use_cache=True))
+            if cache is None:
+                return None
+            steps = []
+            for i in (-2, -1):
+                out = model(input_ids=ids[:, i:][:, :1], cache=cache, use_cache=True)
+                cache = _cache_of(out)
+                steps.append(out.logits.float())
+        return torch.cat(steps, 1)
+    except Exception:  # an encoder, or a model whose cache needs more than token ids
+        return None
+
+
+def _largest(diffs) -> float:
+    return max(d.abs().max().item() for d in diffs)
+
+
+def _short(error: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}"[:limit] if not isinstance(error, ValueError) else text[:limit]
+
+
+def check(model_type: str) -> ZooResult:
+    """Build ``model_type`` tiny, patch it and classify it (see the module docstring)."""
+    from . import patch_model
+
+    try:
+        config = tiny_config(model_type)
+        with torch.device("meta"):
+            size = sum(p.numel() for p in _model_class(model_type)(config).parameters())
+        if size > MAX_PARAMETERS:
+            return ZooResult(model_type, "not built tiny", f"{size / 1e6:.0f}M parameters after shrinking")
+        torch.manual_seed(0)
+        model = _model_class(model_type)(config).eval()
+    except Exception as e:  # transformers' own validation of a config it was not made for
+        return ZooResult(model_type, "not built tiny", _short(e))
+    if not _rotary_modules(model):
+        return ZooResult(model_type, "no rotary module")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
+    offsets = (0, far)
+    ids = torch.randint(3, 100, (1, LENGTH), generator=torch.Generator().manual_seed(0))
+    try:
+        want = [_logits(model, ids, o) for o in offsets]
+    except Exception as e:
+        return ZooResult(model_type, "does not run tiny", _short(e))
+    want_decoded = _decoded(model, ids)
+    _sabotage(model)
+    try:
+        shows = _largest(_logits(model, ids, o) - w for o, w in zip(offsets, want, strict=True))
+    except Exception:
+        shows = float("inf")  # wrong cos/sin break it outright: positions certainly show
+    _restore(model)
+    try:
+        patch_model(model)
+    except ValueError as e:
+        return ZooResult(model_type, "refused", _short(e))
+    except Exception as e:
+        return ZooResult(model_type, "crashed when patched", _short(e))
+    _sabotage(model)
+    try:
+        got = [_logits(model, ids, o) for o in offsets]
+        got_decoded = _decoded(model, ids) if want_decoded is not None else None
+        if want_decoded is not None and got_decoded is None:
+            raise RuntimeError("cached decoding failed once patched")
+    except Exception as e:
+        return ZooResult(model_type, "accepted then crashed", _short(e))
+    prefill, far_diff = (_largest([g - w]) for g, w in zip(got, want, strict=True))
+    decode = None if got_decoded is None else _largest([got_decoded - want_decoded])
+    scale = _largest(want)
+    numbers = dict(prefill=prefill, far=far_diff, decode=decode, shows=shows, scale=scale)
+    tol = 1e-5 * scale + 1e-7
+    # float32 rounding, amplified by sharp attention: a wrong schedule moves the logits by a fair share of
+    # what wrong cos/sin do (``shows``), and near 3000 by far more than transformers' float32 angles
+    near = max(prefill, decode or 0.0)
+    if near > max(tol, 1e-4 * shows) or far_diff > max(tol, 1e-3 * max(scale, shows)):
+        return ZooResult(model_type, "silently wrong", "", **numbers)
+    if shows < 10 * tol:
+        return ZooResult(model_type, "exact, positions unseen", "", **numbers)
+    return ZooResult(model_type, "exact", "", **numbers)
+
+
+def sweep(model_types=None, progress=None) -> list[ZooResult]:
+    """:func:`check` of each of ``model_types`` (default :func:`rope_model_types`); ``progress`` is called
+    with each result."""
+    import transformers
+
+    verbosity, threads = transformers.logging.get_verbosity(), torch.get_num_threads()
+    transformers.logging.set_verbosity_error()  # tiny configs make transformers warn about each of them
+    torch.set_num_threads(1)  # tiny models gain nothing from more, and one thread rounds the same anywhere
+    try:
+        results = []
+        for model_type in model_types or rope_model_types():
+            results.append(check(model_type))
+            if progress is not None:
+                progress(results[-1])
+        return results
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        torch.set_num_threads(threads)
+
+
+BEGIN, END = "<!-- posenc zoo: begin -->", "<!-- posenc zoo: end -->"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table_row(result: ZooResult) -> str:
+    """The docs table's row of one result (the numbers stay out: they move with the machine's rounding)."""
+    return f"| {result.model_type} | {result.status} | {_cell(result.detail)} |"
+
+
+def markdown(results: list[ZooResult]) -> str:
+    """The counts and the table of a sweep, between the markers docs/models.md keeps them in."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    lines = [
+        BEGIN,
+        f"{len(results)} model types with a rotary module in transformers {_transformers_version()}: "
+        f"{summary}.",
+        "",
+        "| model type | status | why |",
+        "|---|---|---|",
+        *(table_row(r) for r in results),
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def write_docs(path: Path, results: list[ZooResult]) -> None:
+    """Replace the table between the markers in ``path`` with this sweep's."""
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no {BEGIN} ... {END} markers to put the table between")
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    path.write_text(pattern.sub(lambda _: markdown(results), text))
+
+
+def _command(args) -> int:
+    import json
+
+    chosen = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    width = max(map(len, chosen or rope_model_types()))
+
+    def show(r: ZooResult) -> None:
+        said = r.detail[:100]
+        if r.far is not None:
+            decode = "" if r.decode is None else f", decode {r.decode:.1e}"
+            said = f"prefill {r.prefill:.1e}, far {r.far:.1e}{decode}, wrong cos/sin {r.shows:.1e}"
+        print(f"{r.model_type:<{width}}  {r.status:<26} {said}", flush=True)
+
+    results = sweep(chosen, progress=None if args.quiet else show)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+    if args.docs:
+        write_docs(Path(args.docs), results)
+    failed = [r.model_type for r in results if r.failed]
+    print(markdown(results).splitlines()[1])
+    if failed:
+        print(f"failures: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def add_commands(subparsers) -> None:
+    """Add ``posenc zoo``."""
+    from ..cli import HelpFormatter
+
+    zoo = subparsers.add_parser(
+        "zoo",
+        help="patch a tiny model of every RoPE family transformers registers and classify each",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
+    )
+    zoo.add_argument("--types", help="comma-separated model types (default: every one with a rotary module)")
+    zoo.add_argument("--docs", help="a markdown file whose zoo table to rewrite, e.g. docs/models.md")
+    zoo.add_argument("--json", help="write every result, with its numbers, to this JSON file")
+    zoo.add_argument("--quiet", action="store_true", help="print only the counts")
+    zoo.set_defaults(func=_command)

@@ -1,0 +1,88 @@
+"""Every model type transformers registers with a rotary module, built tiny and patched: exact or refused,
+never silently wrong nor accepted and then crashed; and docs/models.md's table says what the sweep finds
+(``posenc zoo --docs docs/models.md`` rewrites it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc.hf
+from posenc.hf import zoo
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+TYPES = zoo.rope_model_types()
+
+
+def documented_rows() -> dict[str, str]:
+    text = DOCS.read_text()
+    table = text[text.index(zoo.BEGIN) : text.index(zoo.END)]
+    return {m.group(1): m.group(0) for m in re.finditer(r"^\| ([^ |]+) \|.*\|$", table, re.M)}
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_each_rope_family_is_exact_or_refused(model_type):
+    (result,) = zoo.sweep([model_type])
+    assert not result.failed, f"{model_type}: {result}"
+    row = documented_rows().get(model_type)
+    found = zoo.table_row(result)
+    assert row == found, (
+        f"docs/models.md: {row!r}, the sweep: {found!r}; run posenc zoo --docs docs/models.md"
+    )
+
+
+def test_the_table_lists_exactly_the_model_types_with_a_rotary_module():
+    rows = documented_rows()
+    assert sorted(rows) == TYPES, "run posenc zoo --docs docs/models.md"
+    assert {row.split(" | ")[1] for row in rows.values()} <= {
+        "exact",
+        "exact, positions unseen",
+        "refused",
+        "no rotary module",
+        "not built tiny",
+        "does not run tiny",
+    }
+
+
+def test_a_wrong_schedule_is_caught_as_silently_wrong(monkeypatch):
+    """The check can fail: posenc made to use another base for Llama is classified silently wrong."""
+    real = posenc.hf.patch_model
+
+    def wrong(model, rotary=None, **kwargs):
+        config = model.config
+        rot = posenc.RotaryEmbedding(
+            config.head_dim, base=5000.0, layout="half", max_position_embeddings=4096
+        )
+        return real(model, rotary=rot, **kwargs)
+
+    monkeypatch.setattr(posenc.hf, "patch_model", wrong)
+    (result,) = zoo.sweep(["llama"])
+    assert result.status == "silently wrong" and result.prefill > 100 * 1e-5 * result.scale
+
+
+def test_a_crash_after_patching_is_caught(monkeypatch):
+    real = posenc.hf.patch_model
+
+    def breaking(model, **kwargs):
+        real(model, **kwargs)
+        for module in model.modules():
+            if hasattr(module, "posenc_rotary"):
+                module.posenc_rotary.cos_sin = lambda *a, **k: (torch.zeros(1), torch.zeros(1))
+        return model
+
+    monkeypatch.setattr(posenc.hf, "patch_model", breaking)
+    (result,) = zoo.sweep(["qwen2"])
+    assert result.status == "accepted then crashed"
+
+
+def test_the_command_prints_each_family_and_the_counts(capsys):
+    from posenc.cli import main
+
+    assert main(["zoo", "--types", "llama,pixtral"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^llama +exact +prefill", out, re.M)
+    assert re.search(r"^pixtral +does not run tiny", out, re.M)
+    assert "2 model types with a rotary module" in out
