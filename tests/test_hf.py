@@ -356,41 +356,67 @@ def test_consistent_cache_keeps_half_precision_keys_from_drifting():
     assert drift <= 2 * scale * 2**-8, f"cached keys drifted by {drift:.3g} (keys up to {scale:.3g})"
 
 
-@pytest.mark.parametrize(
-    "cfg_cls, model_cls, kwargs",
-    [
-        (  # half-width cos/sin
-            "GptOssConfig",
-            "GptOssForCausalLM",
-            dict(COMMON, num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+NARROW_AND_COMPLEX = {
+    "gpt_oss": (  # (cos, sin) at half width
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(COMMON, num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1),
+    ),
+    "deepseek_v2": (  # complex freqs_cis
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        dict(
+            COMMON,
+            num_key_value_heads=4,
+            moe_intermediate_size=32,
+            n_routed_experts=2,
+            num_experts_per_tok=1,
+            kv_lora_rank=16,
+            q_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
         ),
-        (  # complex freqs_cis
-            "DeepseekV2Config",
-            "DeepseekV2ForCausalLM",
-            dict(
-                COMMON,
-                num_key_value_heads=4,
-                moe_intermediate_size=32,
-                n_routed_experts=2,
-                num_experts_per_tok=1,
-                kv_lora_rank=16,
-                q_lora_rank=16,
-                qk_rope_head_dim=8,
-                qk_nope_head_dim=8,
-                v_head_dim=16,
-            ),
-        ),
-        ("Glm4vTextConfig", "Glm4vTextModel", dict(COMMON, num_key_value_heads=2)),  # M-RoPE
-    ],
-    ids=["gpt_oss", "deepseek_v2", "glm4v_text"],
-)
-def test_families_whose_positions_posenc_cannot_give_are_refused_when_patched(cfg_cls, model_cls, kwargs):
-    """They were accepted and crashed at the first forward: patch_model now reads what each rotary module
-    hands out and refuses, before patching anything, what it cannot reproduce."""
-    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs))
-    with pytest.raises(
-        ValueError, match="patch_model does not know how .*RotaryEmbedding .* hands out cos/sin"
-    ):
+    ),
+    "codegen": (  # (sin, cos) at half width from a table, float32, over a partial rotary
+        "CodeGenConfig",
+        "CodeGenForCausalLM",
+        dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=256),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NARROW_AND_COMPLEX))
+def test_narrow_and_complex_handouts_are_reproduced(name):
+    """GPT-OSS, DeepSeek-V2 and CodeGen were accepted and crashed at the first forward, then refused: their
+    rotary modules hand out half-width (cos, sin), e^(i angle), or (sin, cos). posenc now hands out each in
+    its own form, checked against the module's own before patching."""
+    from posenc.hf.zoo import _sabotage
+
+    cfg_cls, model_cls, kwargs = NARROW_AND_COMPLEX[name]
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kwargs)).eval()
+    ids = torch.randint(3, 100, (1, 16))
+    with torch.no_grad():
+        want = model(ids).logits
+    patch_model(model)
+    _sabotage(model)  # transformers' own rotary modules now hand out wrong cos/sin
+    with torch.no_grad():
+        assert (model(ids).logits - want).abs().max() < LOGITS_TOL
+
+
+def test_m_rope_families_outside_the_plans_are_refused_when_patched():
+    """GLM-4V was accepted and crashed at the first forward: its rotary module reads (3, batch, seq) M-RoPE
+    position ids, which patch_model applies only through the Qwen-VL plans; it is refused before patching."""
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 1e4,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 1, 1],
+    }
+    config = transformers.Glm4vTextConfig(**COMMON, num_key_value_heads=2, rope_parameters=rope)
+    model = transformers.Glm4vTextModel(config)
+    with pytest.raises(ValueError, match="takes M-RoPE position ids of several axes"):
         patch_model(model)
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
 

@@ -86,3 +86,40 @@ def test_the_command_prints_each_family_and_the_counts(capsys):
     assert re.search(r"^llama +exact +prefill", out, re.M)
     assert re.search(r"^pixtral +does not run tiny", out, re.M)
     assert "2 model types with a rotary module" in out
+
+
+def test_a_wrong_m_rope_layout_is_caught(monkeypatch):
+    """With text alone every M-RoPE axis carries the same position; the sweep also runs three axes that
+    differ, so Qwen3-VL's interleaved frequency slots read as contiguous sections are caught."""
+    import dataclasses
+
+    from posenc.hf import plan
+
+    right = plan.READERS["qwen3_vl_text"]
+
+    def flipped(config):
+        return tuple(
+            dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_interleaved=False))
+            for lp in right(config)
+        )
+
+    monkeypatch.setitem(plan.READERS, "qwen3_vl_text", flipped)
+    (result,) = zoo.sweep(["qwen3_vl_text"])
+    assert result.status == "silently wrong"
+
+
+def test_a_plan_posenc_cannot_run_is_refused_when_patched():
+    """A plan whose M-RoPE sections do not fit its rotary dimension was accepted and raised at the first
+    forward; it is refused by patch_model, naming the layer."""
+    import dataclasses
+
+    from posenc.hf import patch_model, position_plan
+
+    model = zoo._model_class("qwen3_vl_text")(zoo.tiny_config("qwen3_vl_text"))
+    bad = tuple(
+        dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_section=(40, 40, 40)))
+        for lp in position_plan(model.config)
+    )
+    with pytest.raises(ValueError, match=r"plan layer 0: mrope_section \[40, 40, 40\] sums to 120"):
+        patch_model(model, plan=bad)
+    assert not any(hasattr(m, "posenc_rotary") for m in model.modules())

@@ -15,7 +15,9 @@ __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 # family in transformers (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs
 # (i, i + r/2). patch_model does not rely on this list: it reads the pairing off what each model's rotary
 # module hands out.
-INTERLEAVED_MODEL_TYPES = frozenset({"gptj", "cohere", "cohere2", "cohere2_moe", "blt"})
+INTERLEAVED_MODEL_TYPES = frozenset(
+    {"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "blt", "deepseek_v2"}
+)
 
 
 def _get(config, *names, default=None):
@@ -93,7 +95,7 @@ def rope_settings(config) -> dict:
         elif params.get("original_max_position_embeddings") is None:
             params["original_max_position_embeddings"] = max_pos
 
-    rotary_dim = _get(config, "rotary_dim") if model_type == "gptj" else None
+    rotary_dim = _get(config, "rotary_dim") if model_type in ("gptj", "codegen") else None
     if rotary_dim is None and rope_type != "proportional":
         rotary_dim = int(head_dim * prf)
     scaling = None

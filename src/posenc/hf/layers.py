@@ -48,6 +48,7 @@ ADAPTERS = {
     "qwen2_vl_text": _Adapter("half"),
     "qwen2_5_vl_text": _Adapter("half"),
     "qwen3_vl_text": _Adapter("half"),
+    "qwen3_vl_moe_text": _Adapter("half"),
     "deepseek_v3": _Adapter("half"),
 }
 """text model_type -> how its attention layers take cos/sin (tests/hf/test_plans.py covers each)."""
@@ -150,6 +151,11 @@ def _check_plan(plan, layers, adapter: _Adapter, config, expected) -> None:
                 f"plan layer {lp.layer} rotates {lp.rope.rotary_dim} dimensions; this model's attention code "
                 f"rotates {ex.rope.rotary_dim} (a partial rotary cannot be expressed in its cos/sin)"
             )
+        if lp.rope is not None:
+            try:  # what the first forward would build: a plan it cannot run is refused now, not then
+                lp.rope.module()
+            except ValueError as e:
+                raise ValueError(f"plan layer {lp.layer}: {e}") from None
         if adapter.fixed_rope and lp.rope is not None and getattr(attn, adapter.fixed_rope) is None:
             raise ValueError(
                 f"plan layer {lp.layer} asks for RoPE, but this model's attention code rotates only the "

@@ -41,7 +41,37 @@ def _pairs_forward(module, x, position_ids, *args, **kwargs):
     return cos.repeat_interleave(2, -1).to(x.dtype), sin.repeat_interleave(2, -1).to(x.dtype)
 
 
-_FORMS = {"half": (_half_forward, "half"), "pairs": (_pairs_forward, "interleaved")}
+def _narrow_forward(module, x, position_ids, *args, **kwargs):
+    cos, sin = _cos_sin(module, x, position_ids)
+    # (batch, seq, rotary_dim/2): each frequency once; the attention code pairs the halves (GPT-OSS)
+    return cos.to(_out_dtype(module, x)), sin.to(_out_dtype(module, x))
+
+
+def _gptj_forward(module, x, position_ids, *args, **kwargs):
+    cos, sin = _cos_sin(module, x, position_ids)
+    # sin first, (batch, seq, rotary_dim/2) each: GPT-J's and CodeGen's order
+    return sin.to(_out_dtype(module, x)), cos.to(_out_dtype(module, x))
+
+
+def _complex_forward(module, x, position_ids, *args, **kwargs):
+    cos, sin = _cos_sin(module, x, position_ids)
+    # (batch, seq, rotary_dim/2) complex: the attention factor times e^(i angle) (DeepSeek-V2's freqs_cis)
+    return torch.complex(cos.float(), sin.float())
+
+
+def _out_dtype(module, x) -> torch.dtype:
+    """x's dtype, or float32 for a module whose own cos/sin stay float32 for half-precision inputs."""
+    return torch.float32 if getattr(module, "posenc_float32", False) else x.dtype
+
+
+# hand-out form: (forward, the pairing it implies, or None when the attention code alone decides it)
+_FORMS = {
+    "half": (_half_forward, "half"),
+    "pairs": (_pairs_forward, "interleaved"),
+    "narrow": (_narrow_forward, None),
+    "sin-first": (_gptj_forward, None),
+    "complex": (_complex_forward, None),
+}
 
 
 def _probe_positions(device, axes: int = 0) -> torch.Tensor:
@@ -52,8 +82,8 @@ def _probe_positions(device, axes: int = 0) -> torch.Tensor:
 
 def _own_output(module, positions: torch.Tensor, layer_type: str | None = None, dtype=torch.float32):
     """What a rotary module itself hands out at ``positions`` (its class's forward; for ``layer_type`` when
-    its RoPE is per layer type), as a (cos, sin) pair of tensors; None when it does not run on them or hands
-    out something else."""
+    its RoPE is per layer type), as a (cos, sin) pair of tensors or a 1-tuple of a complex tensor; None when
+    it does not run on them or hands out something else."""
     try:
         with torch.no_grad():
             x = torch.zeros(1, positions.shape[-1], 1, device=positions.device, dtype=dtype)
@@ -63,6 +93,8 @@ def _own_output(module, positions: torch.Tensor, layer_type: str | None = None, 
         return None
     if isinstance(out, tuple) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out):
         return out
+    if isinstance(out, torch.Tensor) and out.is_complex():
+        return (out,)
     return None
 
 
@@ -72,20 +104,22 @@ def _device_of(module) -> torch.device:
 
 def _handout(module, layer_type: str | None = None) -> str | None:
     """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
-    1..4: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), or None
-    (neither, or it does not run on plain position ids)."""
+    1..4: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), "complex"
+    (e^(i angle)), "narrow" (each frequency once, in an order :func:`_narrow_order` tells), or None (it
+    does not run on plain position ids)."""
     out = _own_output(module, _probe_positions(_device_of(module)), layer_type)
     if out is None:
         return None
+    if len(out) == 1:
+        return "complex"
     cos = out[0].float()
     width = cos.shape[-1]
-    if width < 4 or width % 2:
-        return None
-    if torch.equal(cos[..., : width // 2], cos[..., width // 2 :]):
-        return "half"
-    if torch.equal(cos[..., 0::2], cos[..., 1::2]):
-        return "pairs"
-    return None
+    if width >= 4 and width % 2 == 0:
+        if torch.equal(cos[..., : width // 2], cos[..., width // 2 :]):
+            return "half"
+        if torch.equal(cos[..., 0::2], cos[..., 1::2]):
+            return "pairs"
+    return "narrow"
 
 
 def _takes_axis_positions(module, layer_type: str | None = None) -> bool:
@@ -117,8 +151,10 @@ def _mismatch(module, rotary, forward, layer_type: str | None = None) -> float:
         ours = forward(
             types.SimpleNamespace(posenc_rotary=rotary), torch.zeros(1, 4, 1, device=pos.device), pos
         )
+    ours = ours if isinstance(ours, tuple) else (ours,)
+    wide = torch.complex128 if own[0].is_complex() else torch.float64
     diffs = [
-        (a.float() - b.float()).abs().max().item() if a.shape == b.shape else math.inf
+        (a.to(wide) - b.to(wide)).abs().max().item() if a.shape == b.shape else math.inf
         for a, b in zip(own, ours, strict=True)
     ]
     return max(diffs)
@@ -164,8 +200,8 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
                 f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin for "
                 f"layer type {layer_type!r}"
             )
-        forward, layout = _FORMS[form]
         settings = rope_settings({**base, "rope_parameters": dict(params[layer_type])})
+        forward, layout = _resolve(module, form, settings, layer_type)
         rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
         if _mismatch(module, rot, forward, layer_type) > _probe_tolerance(module):
             raise ValueError(
@@ -173,19 +209,9 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
                 f"model_type {model_type!r}) are not what the model computes itself: posenc does not read "
                 "this family's RoPE right yet"
             )
-        own = _own_output(module, _probe_positions(_device_of(module)), layer_type, torch.bfloat16)
         rotaries[layer_type] = rot
-        forms[layer_type] = (forward, own is not None and own[0].dtype == torch.float32)
+        forms[layer_type] = (forward, _keeps_float32(module, layer_type))
     return torch.nn.ModuleDict(rotaries), forms
-
-
-def _gptj_forward(module, x, position_ids, *args, **kwargs):
-    rot = module.posenc_rotary
-    context = int(position_ids.max()) + 1 if position_ids.numel() else 1
-    cos, sin = rot.cos_sin(
-        position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context
-    )
-    return sin.to(x.dtype), cos.to(x.dtype)  # GPT-J's order, (batch, seq, rotary_dim/2) each
 
 
 def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=None):
@@ -248,31 +274,48 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
                     f"({', '.join(layer_types)})"
                 )
             rotaries, forms = _plan_typed(module, name, config, model_type, layer_types)
-            plans.append((module, rotaries, _typed_forward, forms))
+            plans.append((module, rotaries, _typed_forward, forms, False))
             continue
-        if hasattr(module, "embed_positions") and type(module).__name__.startswith("GPTJ"):
-            forward, layout = _gptj_forward, "interleaved"
-        else:
-            forward, layout = _FORMS[_form(module, name, model_type)]
+        form = _form(module, name, model_type)
+        settings = rope_settings(config)
+        forward, layout = _resolve(module, form, settings)
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
             rot = rotary
         else:
-            rot = RotaryEmbedding(**{**rope_settings(config), "layout": layout}).to(_device_of(module))
-            if forward is not _gptj_forward and _mismatch(module, rot, forward) > _probe_tolerance(module):
+            rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+            if _mismatch(module, rot, forward) > _probe_tolerance(module):
                 raise ValueError(  # exact or refused: never run a model with positions that are not its own
                     f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
                     "not what the model computes itself: posenc does not read this family's RoPE right yet"
                 )
-        plans.append((module, rot, forward, None))
+        plans.append((module, rot, forward, None, _keeps_float32(module)))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
-    for module, rot, forward, forms in plans:
+    for module, rot, forward, forms, float32 in plans:
         module.posenc_rotary = rot.to(_device_of(module))
         if forms is not None:
             module.posenc_forms = forms
+        if float32:
+            module.posenc_float32 = True
         module.forward = types.MethodType(forward, module)
     return model
+
+
+def _resolve(module, form: str, settings: dict, layer_type: str | None = None):
+    """The forward and pairing of a hand-out ``form``; a "narrow" one is cos first (GPT-OSS) or sin first
+    (GPT-J, CodeGen), whichever is the module's own, and its pairing is the config's."""
+    if form == "narrow":
+        own = RotaryEmbedding(**settings).to(_device_of(module))
+        form = min(("narrow", "sin-first"), key=lambda f: _mismatch(module, own, _FORMS[f][0], layer_type))
+    forward, layout = _FORMS[form]
+    return forward, layout or settings["layout"]
+
+
+def _keeps_float32(module, layer_type: str | None = None) -> bool:
+    """Whether a rotary module's own cos/sin stay float32 for a bfloat16 input (GPT-J, CodeGen, OLMo 3)."""
+    own = _own_output(module, _probe_positions(_device_of(module)), layer_type, torch.bfloat16)
+    return own is not None and own[0].dtype == torch.float32
 
 
 def _places_image_patches(module) -> bool:
@@ -291,12 +334,12 @@ def _form(module, name: str, model_type: str) -> str:
             f"applies M-RoPE through the plans of {', '.join(sorted(t for t in ADAPTERS if 'vl' in t))}, and "
             f"model_type {model_type!r} is not one of them yet"
         )
-    form = _handout(module) if hasattr(module, "inv_freq") else None
+    form = _handout(module) if hasattr(module, "inv_freq") or hasattr(module, "embed_positions") else None
     if form is None:
         raise ValueError(
-            f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it gives "
-            "neither each frequency twice in halves (rotate_half families) nor twice in a row (interleaved "
-            f"pairs); tested: {', '.join(PATCHED_FAMILIES)}"
+            f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it neither "
+            "keeps inv_freq nor hands out (cos, sin) or e^(i angle) for plain position ids; tested: "
+            f"{', '.join(PATCHED_FAMILIES)}"
         )
     return form
 
@@ -335,7 +378,13 @@ def _patch_remap(model, targets, rotary, remap) -> None:
         )
     name, module = targets[0]
     config = getattr(module, "config", None) or model.config
-    layout = _FORMS[_form(module, name, _get(config, "model_type", default=""))][1]
+    form = _form(module, name, _get(config, "model_type", default=""))
+    if form not in ("half", "pairs"):
+        raise ValueError(
+            "remap= works on models whose rotary module hands out full-width cos/sin; "
+            f"{type(module).__name__} ({name}) hands them out {form}"
+        )
+    layout = _FORMS[form][1]
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
     rot = rotary if rotary is not None else RotaryEmbedding(**{**rope_settings(config), "layout": layout})
@@ -367,6 +416,7 @@ def unpatch_model(model):
             del module.forward  # the instance attribute; the class's forward shows through again
             del module.posenc_rotary
             module.__dict__.pop("posenc_forms", None)
+            module.__dict__.pop("posenc_float32", None)
     return model
 
 

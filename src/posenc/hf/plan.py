@@ -329,15 +329,20 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
     return _rope(rope_settings(flat))
 
 
-MROPE_SECTIONS = {"qwen2_vl": (16, 24, 24), "qwen2_5_vl": (16, 24, 24), "qwen3_vl": (24, 20, 20)}
+MROPE_SECTIONS = {
+    "qwen2_vl": (16, 24, 24),
+    "qwen2_5_vl": (16, 24, 24),
+    "qwen3_vl": (24, 20, 20),
+    "qwen3_vl_moe": (24, 20, 20),
+}
 
 
 def _qwen_vl(config) -> tuple[LayerPlan, ...]:
     family = _get(config, "model_type").removesuffix("_text")
     params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
     section = tuple(params.pop("mrope_section", MROPE_SECTIONS[family]))
-    # Qwen3-VL's code always interleaves; its configs say so with mrope_interleaved
-    interleaved = family == "qwen3_vl"
+    # Qwen3-VL's code (and its MoE's) always interleaves; its configs say so with mrope_interleaved
+    interleaved = family in ("qwen3_vl", "qwen3_vl_moe")
     params.pop("mrope_interleaved", None)
     if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
         params.pop("type", None)
@@ -388,6 +393,7 @@ READERS = {
     "qwen2_vl_text": _qwen_vl,
     "qwen2_5_vl_text": _qwen_vl,
     "qwen3_vl_text": _qwen_vl,
+    "qwen3_vl_moe_text": _qwen_vl,
     "qwen2_vl": _qwen_vl,  # early Qwen2-VL / Qwen2.5-VL config.json files are flat
     "qwen2_5_vl": _qwen_vl,
     "qwen3_vl": _qwen_vl,
@@ -395,7 +401,7 @@ READERS = {
 }
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
 
-_COMPOSITE = {"llama4", "gemma3", "gemma4", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"}
+_COMPOSITE = {"llama4", "gemma3", "gemma4", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"}
 _HANDLED_KEYS = {
     "rope_parameters",
     "rope_scaling",

@@ -178,8 +178,18 @@ def _restore(model) -> None:
             del module.forward
 
 
-def _logits(model, ids, offset: int) -> torch.Tensor:
-    kwargs = {"position_ids": torch.arange(offset, offset + ids.shape[1])[None]} if offset else {}
+def _axis_positions(length: int) -> torch.Tensor:
+    """(3, 1, length) M-RoPE position ids whose three axes differ, as an image grid's do."""
+    p = torch.arange(length)[None]
+    return torch.stack((p, p // 2 + 1, p % 3 + 2))
+
+
+def _logits(model, ids, offset) -> torch.Tensor:
+    """Logits (or the last hidden state) at positions offset.. (an int), or at given position ids."""
+    if isinstance(offset, torch.Tensor):
+        kwargs = {"position_ids": offset}
+    else:
+        kwargs = {"position_ids": torch.arange(offset, offset + ids.shape[1])[None]} if offset else {}
     with torch.no_grad():
         out = model(input_ids=ids, use_cache=False, **kwargs)
     found = getattr(out, "logits", None)
@@ -221,6 +231,7 @@ def _short(error: BaseException, limit: int = 160) -> str:
 def check(model_type: str) -> ZooResult:
     """Build ``model_type`` tiny, patch it and classify it (see the module docstring)."""
     from . import patch_model
+    from .patch import _takes_axis_positions
 
     try:
         config = tiny_config(model_type)
@@ -242,6 +253,12 @@ def check(model_type: str) -> ZooResult:
         want = [_logits(model, ids, o) for o in offsets]
     except Exception as e:
         return ZooResult(model_type, "does not run tiny", _short(e))
+    if any(_takes_axis_positions(m) for m in _rotary_modules(model)):
+        try:  # M-RoPE: three axes that differ, where a wrong section layout shows
+            want.append(_logits(model, ids, _axis_positions(LENGTH)))
+            offsets = (*offsets, _axis_positions(LENGTH))
+        except Exception:  # its model builds the axes itself
+            pass
     want_decoded = _decoded(model, ids)
     _sabotage(model)
     try:
@@ -263,7 +280,8 @@ def check(model_type: str) -> ZooResult:
             raise RuntimeError("cached decoding failed once patched")
     except Exception as e:
         return ZooResult(model_type, "accepted then crashed", _short(e))
-    prefill, far_diff = (_largest([g - w]) for g, w in zip(got, want, strict=True))
+    prefill, far_diff, *axes = (_largest([g - w]) for g, w in zip(got, want, strict=True))
+    prefill = max([prefill, *axes])
     decode = None if got_decoded is None else _largest([got_decoded - want_decoded])
     scale = _largest(want)
     numbers = dict(prefill=prefill, far=far_diff, decode=decode, shows=shows, scale=scale)
