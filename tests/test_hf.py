@@ -461,3 +461,34 @@ def test_a_rotary_module_with_one_rope_per_layer_type_gets_one_per_type_and_unpa
     assert not hasattr(model.model.rotary_emb, "posenc_forms")
     with torch.no_grad():
         assert torch.equal(model(ids).logits, want)
+
+
+def test_a_query_temperature_the_model_applies_itself_stays_with_it():
+    """Ministral 3 scales queries by 1 + beta ln(1 + floor(p / L0)) in its attention code, from the position
+    ids; patch_model gives the cos/sin and leaves that to the model (it was refused for the unknown key).
+    rotary_from_config still refuses the key: a RotaryEmbedding alone cannot carry a temperature."""
+    from posenc.hf.zoo import _sabotage
+
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 4.0,
+        "original_max_position_embeddings": 8,
+        "llama_4_scaling_beta": 0.5,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+    config = transformers.Ministral3Config(**COMMON, head_dim=16, num_key_value_heads=2, rope_parameters=rope)
+    torch.manual_seed(0)
+    model = transformers.Ministral3ForCausalLM(config).eval()
+    ids = torch.randint(3, 100, (1, 40))  # positions past 8, 16 and 24: the temperature grows
+    with torch.no_grad():
+        want = model(ids).logits
+    patch_model(model)
+    _sabotage(model)
+    with torch.no_grad():
+        assert (model(ids).logits - want).abs().max() < LOGITS_TOL
+    with pytest.raises(ValueError, match="llama_4_scaling_beta"):
+        rotary_from_config(config)

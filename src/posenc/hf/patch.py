@@ -277,7 +277,7 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
             plans.append((module, rotaries, _typed_forward, forms, False))
             continue
         form = _form(module, name, model_type)
-        settings = rope_settings(config)
+        settings = rope_settings(_cos_sin_config(config))
         forward, layout = _resolve(module, form, settings)
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
@@ -300,6 +300,24 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
             module.posenc_float32 = True
         module.forward = types.MethodType(forward, module)
     return model
+
+
+# rope_parameters keys that the model's own attention code applies from the position ids (Ministral 3's
+# and Mistral 4's query temperature, as Llama 4's): patch_model leaves them to it, posenc gives cos/sin
+_APPLIED_BY_THE_MODEL = ("llama_4_scaling_beta",)
+
+
+def _cos_sin_config(config):
+    """``config`` without the rope_parameters keys its model applies itself (and without their copy of
+    max_position_embeddings, when it is the config's own)."""
+    params = _get(config, "rope_parameters")
+    if not isinstance(params, Mapping) or not any(k in params for k in _APPLIED_BY_THE_MODEL):
+        return config
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    kept = {k: v for k, v in params.items() if k not in _APPLIED_BY_THE_MODEL}
+    if kept.get("max_position_embeddings") == values.get("max_position_embeddings"):
+        kept.pop("max_position_embeddings")
+    return {**values, "rope_parameters": kept}
 
 
 def _resolve(module, form: str, settings: dict, layer_type: str | None = None):
