@@ -405,9 +405,11 @@ def test_narrow_and_complex_handouts_are_reproduced(name):
         assert (model(ids).logits - want).abs().max() < LOGITS_TOL
 
 
-def test_m_rope_families_outside_the_plans_are_refused_when_patched():
-    """GLM-4V was accepted and crashed at the first forward: its rotary module reads (3, batch, seq) M-RoPE
-    position ids, which patch_model applies only through the Qwen-VL plans; it is refused before patching."""
+def test_glm4v_m_rope_is_applied_with_three_differing_axes():
+    """GLM-4V was accepted and crashed at the first forward (its rotary module reads (3, batch, seq) M-RoPE
+    position ids), then refused; it now takes Qwen2-VL's contiguous sections over its partial rotary."""
+    from posenc.hf.zoo import _axis_positions, _sabotage
+
     rope = {
         "rope_type": "default",
         "rope_theta": 1e4,
@@ -415,7 +417,23 @@ def test_m_rope_families_outside_the_plans_are_refused_when_patched():
         "mrope_section": [2, 1, 1],
     }
     config = transformers.Glm4vTextConfig(**COMMON, num_key_value_heads=2, rope_parameters=rope)
-    model = transformers.Glm4vTextModel(config)
+    torch.manual_seed(0)
+    model = transformers.Glm4vTextModel(config).eval()
+    ids, axes = torch.randint(3, 100, (1, 12)), _axis_positions(12)
+    with torch.no_grad():
+        want = model(ids, position_ids=axes).last_hidden_state
+    patch_model(model)
+    _sabotage(model)
+    with torch.no_grad():
+        assert (model(ids, position_ids=axes).last_hidden_state - want).abs().max() < LOGITS_TOL
+
+
+def test_m_rope_families_outside_the_plans_are_refused_when_patched():
+    """Qwen3.5's language model reads M-RoPE position ids and mixes linear-attention layers in; patch_model
+    has no plan for it and refuses it before patching anything."""
+    from posenc.hf import zoo
+
+    model = zoo._model_class("qwen3_5_text")(zoo.tiny_config("qwen3_5_text"))
     with pytest.raises(ValueError, match="takes M-RoPE position ids of several axes"):
         patch_model(model)
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())

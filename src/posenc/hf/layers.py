@@ -49,6 +49,10 @@ ADAPTERS = {
     "qwen2_5_vl_text": _Adapter("half"),
     "qwen3_vl_text": _Adapter("half"),
     "qwen3_vl_moe_text": _Adapter("half"),
+    "glm4v_text": _Adapter("pairs"),
+    "glm4v_moe_text": _Adapter("half"),
+    "paddleocr_vl_text": _Adapter("half"),
+    "cosmos3_edge_text": _Adapter("half"),
     "deepseek_v3": _Adapter("half"),
 }
 """text model_type -> how its attention layers take cos/sin (tests/hf/test_plans.py covers each)."""

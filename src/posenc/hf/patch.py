@@ -182,6 +182,18 @@ def _rope_layer_types(module) -> list[str] | None:
     return sorted(kinds)
 
 
+def _type_head_dim(values: dict, layer_type: str) -> dict:
+    """{"head_dim": d} when every layer of ``layer_type`` has head dimension d in the config's
+    ``per_layer_config`` (Gemma 4 Unified's global layers: 512 where the others have 256); else {}."""
+    per_layer = values.get("per_layer_config") or {}
+    dims = {
+        (per_layer.get(str(i)) or per_layer.get(i) or {}).get("head_dim")
+        for i, t in enumerate(values.get("layer_types") or [])
+        if t == layer_type
+    }
+    return {"head_dim": dims.pop()} if len(dims) == 1 and None not in dims else {}
+
+
 def _plan_typed(module, name: str, config, model_type: str, layer_types: list[str]):
     """posenc's rotaries and hand-out forms for each layer type of a per-layer-type rotary module, each
     checked against the module's own cos/sin; a ValueError naming the layer type where one is not exact."""
@@ -200,7 +212,8 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
                 f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin for "
                 f"layer type {layer_type!r}"
             )
-        settings = rope_settings({**base, "rope_parameters": dict(params[layer_type])})
+        flat = {**base, **_type_head_dim(base, layer_type), "rope_parameters": dict(params[layer_type])}
+        settings = rope_settings(flat)
         forward, layout = _resolve(module, form, settings, layer_type)
         rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
         if _mismatch(module, rot, forward, layer_type) > _probe_tolerance(module):

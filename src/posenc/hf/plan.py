@@ -334,15 +334,22 @@ MROPE_SECTIONS = {
     "qwen2_5_vl": (16, 24, 24),
     "qwen3_vl": (24, 20, 20),
     "qwen3_vl_moe": (24, 20, 20),
+    "glm4v": (8, 12, 12),
+    "glm4v_moe": (8, 12, 12),
+    "paddleocr_vl": (16, 24, 24),
+    "cosmos3_edge": (24, 20, 20),
 }
+# the families whose M-RoPE interleaves the axes' frequency slots (t, h, w, t, h, w, ...) where the others
+# give each axis a contiguous section
+INTERLEAVED_MROPE = frozenset({"qwen3_vl", "qwen3_vl_moe", "cosmos3_edge"})
 
 
 def _qwen_vl(config) -> tuple[LayerPlan, ...]:
     family = _get(config, "model_type").removesuffix("_text")
     params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
     section = tuple(params.pop("mrope_section", MROPE_SECTIONS[family]))
-    # Qwen3-VL's code (and its MoE's) always interleaves; its configs say so with mrope_interleaved
-    interleaved = family in ("qwen3_vl", "qwen3_vl_moe")
+    # Qwen3-VL's code always interleaves; its configs say so with mrope_interleaved
+    interleaved = family in INTERLEAVED_MROPE
     params.pop("mrope_interleaved", None)
     if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
         params.pop("type", None)
@@ -394,6 +401,10 @@ READERS = {
     "qwen2_5_vl_text": _qwen_vl,
     "qwen3_vl_text": _qwen_vl,
     "qwen3_vl_moe_text": _qwen_vl,
+    "glm4v_text": _qwen_vl,  # GLM-4V's M-RoPE: contiguous sections over a partial rotary
+    "glm4v_moe_text": _qwen_vl,
+    "paddleocr_vl_text": _qwen_vl,
+    "cosmos3_edge_text": _qwen_vl,
     "qwen2_vl": _qwen_vl,  # early Qwen2-VL / Qwen2.5-VL config.json files are flat
     "qwen2_5_vl": _qwen_vl,
     "qwen3_vl": _qwen_vl,
@@ -401,7 +412,19 @@ READERS = {
 }
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
 
-_COMPOSITE = {"llama4", "gemma3", "gemma4", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"}
+_COMPOSITE = {
+    "llama4",
+    "gemma3",
+    "gemma4",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "glm4v",
+    "glm4v_moe",
+    "paddleocr_vl",
+    "cosmos3_edge",
+}
 _HANDLED_KEYS = {
     "rope_parameters",
     "rope_scaling",
