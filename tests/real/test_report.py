@@ -79,10 +79,15 @@ def test_the_summary_names_the_best_method_by_each_measure_and_the_short_prompt_
     )
 
 
-def test_the_markdown_has_a_row_per_method_and_n_a_where_nothing_was_measured(payload):
+def test_the_markdown_says_not_applicable_apart_from_not_measured_yet(payload):
+    """A killed run's report said n/a both for a cell the method cannot run and for one not reached yet."""
+    payload["results"].append(_row("string", (5.2, None), (1.0, None), 8.1))
+    payload["results"][-1]["not_applicable"] = {"200": "its distances would pass the trained length"}
     text = report.markdown(payload)
     assert text.startswith("# posenc extend: tiny\n")
-    assert "| yarn | 5.50 | n/a |" in text
+    assert "| yarn | 5.50 | not run yet |" in text and "| string | 5.20 | n/a |" in text
+    assert "| yarn | 1.00 [0.70, 1.00] | not run yet |" in text
+    assert "the same command again continues" in text
     assert "| dynamic | 1.00 [0.70, 1.00] | 0.75 [0.45, 1.00] |" in text
     assert "@100: same schedule as none, measured once" in text
     assert "- **pi**: pi description" in text

@@ -31,10 +31,19 @@ if TYPE_CHECKING:
 __all__ = ["extend_figure", "markdown", "suggestion", "summary", "write"]
 
 
-def _num(v: float | None, digits: int = 2) -> str:
+PENDING = "not run yet"
+
+
+def _num(v: float | None, digits: int = 2, missing: str = "n/a") -> str:
     if v is None:
-        return "n/a"
+        return missing
     return f"{v:.{digits}f}" if v < 1000 else f"{v:,.0f}"
+
+
+def _missing(row: dict, n) -> str:
+    """What an empty cell of ``row`` at length ``n`` says: not applicable there, or not measured yet (a run
+    that stopped before it; running the command again continues)."""
+    return "n/a" if str(n) in row.get("not_applicable", {}) else PENDING
 
 
 def _mult(n: int, train_len: int) -> str:
@@ -44,7 +53,7 @@ def _mult(n: int, train_len: int) -> str:
 def _passkey_cell(row: dict, n: int) -> str:
     key = str(n)
     if row["passkey"].get(key) is None:
-        return "n/a"
+        return _missing(row, n)
     lo, hi = row["passkey_ci95"][key]
     return f"{row['passkey'][key]:.2f} [{lo:.2f}, {hi:.2f}]"
 
@@ -76,7 +85,11 @@ def markdown(payload: dict) -> str:
     ]
     head = ["method"] + [f"ppl@{n} ({_mult(n, L)})" for n in lengths]
     lines.append(
-        grid_table(head, [[r["method"]] + [_num(r["ppl"][str(n)]) for n in lengths] for r in rows], 1)
+        grid_table(
+            head,
+            [[r["method"]] + [_num(r["ppl"][str(n)], 2, _missing(r, n)) for n in lengths] for r in rows],
+            1,
+        )
     )
     if pk["trials"]:
         how = "in the model's chat template" if pk["chat_template"] else "as plain text"
@@ -114,8 +127,10 @@ def markdown(payload: dict) -> str:
         body.append(
             [
                 r["method"],
-                _relative(r["ppl_short"], none and none["ppl_short"]),
-                *(_num(r["ppl_all"][str(n)]) for n in lengths),
+                _relative(r["ppl_short"], none and none["ppl_short"])
+                if r["ppl_short"] is not None
+                else _missing(r, short),
+                *(_num(r["ppl_all"][str(n)], 2, _missing(r, n)) for n in lengths),
                 f"{r['seconds']:.0f}",
                 _num(r["peak_mib"], 0),
                 same,
@@ -134,6 +149,12 @@ def markdown(payload: dict) -> str:
     if facts:
         lines += ["", "## Summary", "", *(f"- {f}" for f in facts)]
     lines += ["", "## Methods", "", *(f"- **{r['method']}**: {r['description']}" for r in rows)]
+    if any(PENDING in line for line in lines):
+        lines += [
+            "",
+            f"Cells that read '{PENDING}': the run stopped before measuring them; the same command again "
+            "continues from its saved work.",
+        ]
     return "\n".join(lines) + "\n"
 
 
