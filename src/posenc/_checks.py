@@ -54,15 +54,27 @@ def number(name: str, value, *, minimum: float | None = None, strict: bool = Fal
     return value
 
 
-def positive_int(name: str, value, minimum: int = 1) -> int:
+# The largest size (a dimension, a head count, a table length) a constructor allocates for: larger ones are
+# refused before any allocation, not handed to torch to fail (or to take all memory) there.
+MAX_SIZE = 1 << 20
+
+
+def positive_int(name: str, value, minimum: int = 1, *, size: bool = False) -> int:
+    """``value`` as a Python int >= ``minimum`` (a numpy scalar or one-element tensor converted; callers use
+    the returned value); with ``size``, also <= :data:`MAX_SIZE`."""
     value = plain(value)
     if isinstance(value, bool) or not isinstance(value, _INT) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if size and value > MAX_SIZE:
+        raise ValueError(
+            f"{name} must be an integer <= {MAX_SIZE} (it sizes the tensors this allocates), got {value!r}"
+        )
     return value
 
 
-def even_int(name: str, value, minimum: int = 2) -> int:
-    positive_int(name, value, minimum)
+def even_int(name: str, value, minimum: int = 2, *, size: bool = True) -> int:
+    """An even size (dimensions rotated or encoded in pairs), <= :data:`MAX_SIZE` unless ``size`` is False."""
+    value = positive_int(name, value, minimum, size=size)
     if value % 2:
         raise ValueError(f"{name} must be even (dimensions are rotated/encoded in pairs), got {value!r}")
     return value

@@ -104,8 +104,8 @@ class LearnedEmbedding(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, init_std: float = 0.02):
         super().__init__()
-        self.max_len = _checks.positive_int("max_len", max_len)
-        self.d_model = _checks.positive_int("d_model", d_model)
+        self.max_len = _checks.positive_int("max_len", max_len, size=True)
+        self.d_model = _checks.positive_int("d_model", d_model, size=True)
         self.weight = nn.Parameter(
             torch.randn(max_len, d_model) * _checks.positive_float("init_std", init_std)
         )

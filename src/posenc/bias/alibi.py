@@ -21,7 +21,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     2^(-8i/(2P)) for i = 1, 3, 5, ..., until there are H (they fall between the first P, so every head
     keeps a distinct slope).
     """
-    _checks.positive_int("n_heads", n_heads)
+    n_heads = _checks.positive_int("n_heads", n_heads, size=True)
     p = 1 << (n_heads.bit_length() - 1)
     exponents = torch.cat(
         (
@@ -51,7 +51,7 @@ class ALiBi(KeepsPrecision):
 
     def __init__(self, n_heads: int, slopes=None, learnable: bool = False):
         super().__init__()
-        self.n_heads = _checks.positive_int("n_heads", n_heads)
+        self.n_heads = _checks.positive_int("n_heads", n_heads, size=True)
         if slopes is None:
             init = alibi_slopes(n_heads)
         else:

@@ -45,8 +45,8 @@ class CoPE(ContentBias):
 
     def __init__(self, head_dim: int, npos_max: int):
         super().__init__()
-        self.head_dim = _checks.positive_int("head_dim", head_dim)
-        self.npos_max = _checks.positive_int("npos_max", npos_max)
+        self.head_dim = _checks.positive_int("head_dim", head_dim, size=True)
+        self.npos_max = _checks.positive_int("npos_max", npos_max, size=True)
         self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.npos_max))
 
     def extra_repr(self) -> str:

@@ -42,8 +42,8 @@ class FireBias(ScoreBias):
 
     def __init__(self, n_heads: int, hidden: int = 32, *, train_len: int, threshold=None, c: float = 0.1):
         super().__init__()
-        self.n_heads = _checks.positive_int("n_heads", n_heads)
-        self.hidden = _checks.positive_int("hidden", hidden)
+        self.n_heads = _checks.positive_int("n_heads", n_heads, size=True)
+        self.hidden = _checks.positive_int("hidden", hidden, size=True)
         self.train_len = _checks.positive_int("train_len", train_len)
         threshold = float(train_len) if threshold is None else _checks.positive_float("threshold", threshold)
         self.tile_width = 2 * n_heads + 2

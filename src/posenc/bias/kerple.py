@@ -38,7 +38,7 @@ class KerpleBias(ScoreBias):
 
     def __init__(self, n_heads: int, kind: str = "log"):
         super().__init__()
-        self.n_heads = _checks.positive_int("n_heads", n_heads)
+        self.n_heads = _checks.positive_int("n_heads", n_heads, size=True)
         self.kernel = _checks.one_of("kind", kind, ("log", "power"))
         scale1, scale2 = (2.0, 1.0) if kind == "log" else (1.0, 2.0)
         self.r1 = nn.Parameter(torch.rand(n_heads) * scale1)

@@ -31,7 +31,7 @@ class SandwichBias(ScoreBias):
 
     def __init__(self, n_heads: int, dim: int = 128):
         super().__init__()
-        self.n_heads = _checks.positive_int("n_heads", n_heads)
+        self.n_heads = _checks.positive_int("n_heads", n_heads, size=True)
         self.dim = _checks.even_int("dim", dim)
         omega = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
         ratio = torch.arange(1, n_heads + 1, dtype=torch.float64) * 8.0 / n_heads

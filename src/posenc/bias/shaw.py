@@ -40,9 +40,9 @@ class ShawRelative(ContentBias):
 
     def __init__(self, head_dim: int, max_distance: int = 16, v_dim: int | None = None):
         super().__init__()
-        self.head_dim = _checks.positive_int("head_dim", head_dim)
-        self.max_distance = _checks.positive_int("max_distance", max_distance)
-        self.v_dim = self.head_dim if v_dim is None else _checks.positive_int("v_dim", v_dim)
+        self.head_dim = _checks.positive_int("head_dim", head_dim, size=True)
+        self.max_distance = _checks.positive_int("max_distance", max_distance, size=True)
+        self.v_dim = self.head_dim if v_dim is None else _checks.positive_int("v_dim", v_dim, size=True)
         rows = 2 * self.max_distance + 1
         self.key_table = nn.Parameter(torch.empty(rows, self.head_dim))
         self.value_table = nn.Parameter(torch.empty(rows, self.v_dim))

@@ -58,8 +58,10 @@ class T5Bias(ScoreBias):
 
     def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional=False):
         super().__init__()
-        self.n_heads = _checks.positive_int("n_heads", n_heads)
-        self.num_buckets = _checks.positive_int("num_buckets", num_buckets, minimum=4 if bidirectional else 2)
+        self.n_heads = _checks.positive_int("n_heads", n_heads, size=True)
+        self.num_buckets = _checks.positive_int(
+            "num_buckets", num_buckets, minimum=4 if bidirectional else 2, size=True
+        )
         self.max_distance = _checks.positive_int("max_distance", max_distance)
         exact = num_buckets // (4 if bidirectional else 2)
         if max_distance <= exact:

@@ -39,7 +39,9 @@ class DualChunk(Remap):
                 f"{local_size} >= chunk_size={chunk_size}"
             )
         if original_max_position_embeddings is not None:
-            _checks.positive_int("original_max_position_embeddings", original_max_position_embeddings)
+            original_max_position_embeddings = _checks.positive_int(
+                "original_max_position_embeddings", original_max_position_embeddings
+            )
         self.original_max_position_embeddings = original_max_position_embeddings
 
     @classmethod

@@ -34,8 +34,8 @@ __all__ = ["AxialRotaryEmbedding", "axial_frequencies", "grid_positions"]
 def axial_frequencies(head_dim: int, axes: int = 2, base: float = 100.0) -> torch.Tensor:
     """RoPE-Axial frequencies (axes, 1, head_dim/2), float64: pairs [a*m, (a+1)*m) of axis a turn with
     base^(-2 * axes * j / head_dim), j = 0 .. m-1, m = head_dim / (2 * axes); zero elsewhere."""
-    _checks.positive_int("axes", axes)
-    _checks.even_int("head_dim", head_dim)
+    axes = _checks.positive_int("axes", axes, size=True)
+    head_dim = _checks.even_int("head_dim", head_dim)
     if head_dim % (2 * axes):
         raise ValueError(
             f"head_dim must be a multiple of 2 * axes = {2 * axes} for axial RoPE, got {head_dim}"

@@ -53,8 +53,8 @@ class RotaryEmbedding(nn.Module):
         max_position_embeddings: int | None = None,
     ):
         super().__init__()
-        _checks.even_int("head_dim", head_dim)
-        _checks.positive_float("base", base)
+        head_dim = _checks.even_int("head_dim", head_dim)
+        base = _checks.positive_float("base", base)
         schedule = resolve_schedule(
             head_dim,
             base=base,

@@ -555,7 +555,7 @@ def resolve_schedule(
     given, else int(head_dim * partial_rotary_factor) (as transformers rounds); both given must agree.
     Raises ValueError naming the argument or key, the value and what is accepted.
     """
-    _checks.positive_int("head_dim", head_dim, minimum=2)
+    head_dim = _checks.positive_int("head_dim", head_dim, minimum=2, size=True)
     base = float(_checks.number("base", base, minimum=0, strict=True))
     name, params = ("default", {}) if scaling is None else _method_and_params(scaling)
     if scaling is not None and scaling.get("rope_theta") is not None:
@@ -593,7 +593,7 @@ def resolve_schedule(
 def _rotary_dim(head_dim: int, rotary_dim: int | None, prf: float | None) -> int:
     """The rotated dimensions: rotary_dim, or int(head_dim * prf), whichever is given (both must agree)."""
     if rotary_dim is not None:
-        _checks.even_int("rotary_dim", rotary_dim)
+        rotary_dim = _checks.even_int("rotary_dim", rotary_dim)
         if rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")
     if prf is None:

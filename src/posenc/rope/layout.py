@@ -20,7 +20,7 @@ def layout_permutation(head_dim: int, from_: str, to: str, rotary_dim: int | Non
 
     Only the first rotary_dim dimensions move; the rest (partial rotary) stay in place.
     """
-    _checks.even_int("head_dim", head_dim)
+    head_dim = _checks.even_int("head_dim", head_dim)
     r = head_dim if rotary_dim is None else _checks.even_int("rotary_dim", rotary_dim)
     if r > head_dim:
         raise ValueError(f"rotary_dim must be <= head_dim={head_dim}, got {rotary_dim}")

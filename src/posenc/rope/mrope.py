@@ -93,7 +93,7 @@ class MRotaryEmbedding(nn.Module):
     ):
         super().__init__()
         section = _section(mrope_section)
-        _checks.even_int("head_dim", head_dim)
+        head_dim = _checks.even_int("head_dim", head_dim)
         if rotary_dim is None and 2 * sum(section) > head_dim:
             raise ValueError(
                 f"mrope_section {list(section)} has {sum(section)} pairs, more than head_dim={head_dim} "
