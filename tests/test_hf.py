@@ -510,3 +510,13 @@ def test_a_query_temperature_the_model_applies_itself_stays_with_it():
         assert (model(ids).logits - want).abs().max() < LOGITS_TOL
     with pytest.raises(ValueError, match="llama_4_scaling_beta"):
         rotary_from_config(config)
+
+
+def test_a_rotary_is_refused_where_posenc_cannot_reproduce_the_models_own():
+    """rotary= reaches the model through the hand-out form read off its own rotary module; where posenc does
+    not reproduce that module's own cos/sin, a rotary passed in is refused too (it was accepted unchecked)."""
+    model, _ = build("qwen2")
+    model.config.rope_parameters = {**model.config.rope_parameters, "rope_theta": 123.0}  # not the module's
+    with pytest.raises(ValueError, match="not what the model computes itself"):
+        patch_model(model, rotary=RotaryEmbedding(16, layout="half"))
+    assert not any(hasattr(m, "posenc_rotary") for m in model.modules())

@@ -292,16 +292,17 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
         form = _form(module, name, model_type)
         settings = rope_settings(_cos_sin_config(config))
         forward, layout = _resolve(module, form, settings)
+        rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+        # exact or refused: the model's own RoPE reproduced in its own hand-out form, also when ``rotary``
+        # replaces it (the form is what carries any rotary into the model)
+        if _mismatch(module, rot, forward) > _probe_tolerance(module):
+            raise ValueError(
+                f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
+                "not what the model computes itself: posenc does not read this family's RoPE right yet"
+            )
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
             rot = rotary
-        else:
-            rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
-            if _mismatch(module, rot, forward) > _probe_tolerance(module):
-                raise ValueError(  # exact or refused: never run a model with positions that are not its own
-                    f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
-                    "not what the model computes itself: posenc does not read this family's RoPE right yet"
-                )
         plans.append((module, rot, forward, None, _keeps_float32(module)))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
@@ -415,11 +416,16 @@ def _patch_remap(model, targets, rotary, remap) -> None:
             "remap= works on models whose rotary module hands out full-width cos/sin; "
             f"{type(module).__name__} ({name}) hands them out {form}"
         )
-    layout = _FORMS[form][1]
+    forward, layout = _FORMS[form]
+    own = RotaryEmbedding(**{**rope_settings(config), "layout": layout}).to(_device_of(module))
+    if _mismatch(module, own, forward) > _probe_tolerance(module):
+        raise ValueError(
+            f"posenc's cos/sin for {type(module).__name__} ({name}) are not what the model computes itself: "
+            "posenc does not read this family's RoPE right yet"
+        )
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
-    rot = rotary if rotary is not None else RotaryEmbedding(**{**rope_settings(config), "layout": layout})
-    patch_remap(model, [module], rot, remap)
+    patch_remap(model, [module], own if rotary is None else rotary, remap)
 
 
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
