@@ -54,7 +54,7 @@ def test_learned_adds_rows_and_raises_past_the_table():
 
 
 def test_learned_has_max_len_times_d_model_parameters():
-    emb = LearnedEmbedding(1024, 768)  # GPT-2 small: the chapter's "about 800,000"
+    emb = LearnedEmbedding(1024, 768)  # GPT-2 small: "about 800,000" position parameters
     assert sum(p.numel() for p in emb.parameters()) == 786_432
 
 

@@ -30,7 +30,7 @@ def _materialised(q, k, v, alibi, causal, scale=None):
 
 
 def _numpy_reference(q, k, v, slopes, causal):
-    """posenc.reference.attention with the chapter's bias, queries at the last q_len positions."""
+    """posenc.reference.attention with ALiBi's bias, queries at the last q_len positions."""
     lq, lk = q.shape[2], k.shape[2]
     g = q.shape[1] // k.shape[1]
     i = np.arange(lk - lq, lk)[:, None]

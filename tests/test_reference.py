@@ -1,4 +1,4 @@
-"""posenc.reference against direct, loop-by-loop transcriptions of the chapter's formulas."""
+"""posenc.reference against direct, loop-by-loop transcriptions of the papers' formulas."""
 
 import math
 
@@ -25,7 +25,7 @@ def rotation(theta):
 
 
 def rope_loops(x, positions, base=10000.0, layout="interleaved"):
-    """Each pair multiplied by the chapter's R(p * omega_k) matrix."""
+    """Each pair multiplied by R(p * omega_k) rotation matrix (Su et al. 2021)."""
     seq, d = x.shape
     out = x.copy()
     for i, p in enumerate(positions):
@@ -56,7 +56,7 @@ def test_sinusoidal_matches_formula(max_len, d_model, base):
     )
 
 
-def test_sinusoidal_matches_chapter_exercise_1():
+def test_sinusoidal_matches_a_hand_computed_table():
     pe = R.sinusoidal(100, 64)
     assert pe.min() >= -1 and pe.max() <= 1
     np.testing.assert_allclose(pe[:, 0] ** 2 + pe[:, 1] ** 2, 1.0)
@@ -79,7 +79,7 @@ def test_rope_matches_rotation_matrices(seq, d, layout, start):
     )
 
 
-def test_rope_matches_chapter_exercise_3():
+def test_rope_matches_a_hand_computed_rotation():
     rng = np.random.default_rng(42)
     q, k = rng.normal(0, 1, (1, 8)), rng.normal(0, 1, (1, 8))
     dots = [
@@ -102,11 +102,11 @@ def test_alibi_slopes_match_paper_code(n):
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 32])
-def test_alibi_slopes_power_of_two_is_chapter_formula(n):
+def test_alibi_slopes_power_of_two_is_the_paper_formula(n):
     np.testing.assert_allclose(R.alibi_slopes(n), [2 ** (-8 * h / n) for h in range(1, n + 1)], rtol=1e-15)
 
 
-def test_alibi_bias_matches_chapter_exercise_4():
+def test_alibi_bias_matches_a_hand_computed_table():
     bias = R.alibi_bias(16, 4, causal=False)
     assert bias.shape == (4, 16, 16)
     np.testing.assert_allclose(bias[0, 8], -0.25 * np.abs(np.arange(16) - 8))

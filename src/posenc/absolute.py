@@ -93,7 +93,7 @@ class LearnedEmbedding(nn.Module):
     It cannot extrapolate: a position at or past ``max_len`` has no row and raises :class:`PositionError`.
 
     Args:
-        max_len: number of positions in the table (M in the chapter).
+        max_len: number of positions in the table (its largest position + 1).
         d_model: embedding width.
         init_std: standard deviation of the normal initialisation (GPT-2 uses 0.02).
 

@@ -80,7 +80,7 @@ def sinusoidal_shift_matrix(delta: float, d_model: int, base: float = 10000.0) -
 
 def _pair_indices(d: int, layout: str) -> tuple[np.ndarray, np.ndarray]:
     """Indices of the first and second member of each rotated pair."""
-    if layout == "interleaved":  # pairs (0, 1), (2, 3), ...: the chapter, Meta's Llama, GPT-J
+    if layout == "interleaved":  # pairs (0, 1), (2, 3), ...: Su et al. 2021, Meta's Llama, GPT-J
         return np.arange(0, d, 2), np.arange(1, d, 2)
     if layout == "half":  # pairs (i, i + d/2): GPT-NeoX, Hugging Face Llama
         return np.arange(d // 2), np.arange(d // 2, d)
@@ -125,7 +125,7 @@ def rope(
 def alibi_slopes(n_heads: int) -> np.ndarray:
     """ALiBi head slopes (Press et al. 2021). Shape (n_heads,).
 
-    For a power of two H: m_h = 2^(-8h/H), h = 1..H (the chapter). Otherwise, as the paper's code does:
+    For a power of two H: m_h = 2^(-8h/H), h = 1..H (Press et al. 2021). Otherwise, as the paper's code does:
     the schedule for the largest power of two P below H, then every other slope of the schedule for 2P,
     until there are H.
     """
@@ -144,7 +144,7 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
 def alibi_bias(
     seq_len: int, n_heads: int, causal: bool = True, slopes: np.ndarray | None = None
 ) -> np.ndarray:
-    """The chapter's ALiBi bias -m_h * |i - j|. Shape (n_heads, seq_len, seq_len).
+    """ALiBi's bias (Press et al. 2021) -m_h * |i - j|. Shape (n_heads, seq_len, seq_len).
 
     With causal=True (the default, as for ``posenc.ALiBi.bias``) the future (j > i) is -inf, so the result
     doubles as the causal mask; causal=False gives the symmetric bias everywhere.

@@ -413,4 +413,6 @@ def test_a_corrupt_saved_row_is_set_aside_and_evaluated_again(compared, corpus_d
     assert saved.with_name("eval.json.corrupt").exists()
     after = json.loads(saved.read_text())["row"]
     timings = ("train_s", "eval_s")
-    assert {k: v for k, v in after.items() if k not in timings} == {k: v for k, v in before.items() if k not in timings}
+    assert {k: v for k, v in after.items() if k not in timings} == {
+        k: v for k, v in before.items() if k not in timings
+    }

@@ -81,7 +81,7 @@ def _rotate_tile(
     s = tl.load(SIN + tab, mask=tmask, other=0.0)
     if CONJ:
         s = -s
-    if INTERLEAVED:  # pairs (2i, 2i+1): the chapter, Meta's Llama, GPT-J
+    if INTERLEAVED:  # pairs (2i, 2i+1): Su et al. 2021, Meta's Llama, GPT-J
         i1 = 2 * rk
         i2 = 2 * rk + 1
     else:  # pairs (i, i + r/2): GPT-NeoX, Hugging Face Llama

@@ -1,6 +1,6 @@
 """``posenc compare``: train every encoding the same way at a short length, evaluate each at longer ones.
 
-The reproduction of the ALiBi paper's headline figure (Press et al. 2021, fig. 1) and of the chapter's
+The reproduction of the ALiBi paper's headline figure (Press et al. 2021, fig. 1) and of the literature's
 length-extrapolation section at toy scale: same corpus, seed, model size, steps and batches for
 every scheme; only the positional encoding differs. RoPE is additionally evaluated with eval-time
 context extensions (PI, NTK, YaRN) at factor = eval length / train length.

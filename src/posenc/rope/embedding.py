@@ -30,7 +30,7 @@ class RotaryEmbedding(nn.Module):
         head_dim: size of each head's query/key vector.
         base: the base of the frequency schedule omega_k = base^(-2k/rotary_dim).
         rotary_dim: rotate only the first ``rotary_dim`` dimensions (even, <= head_dim); default head_dim.
-        layout: "interleaved" (the chapter, Meta's Llama, GPT-J) or "half" (GPT-NeoX, Hugging Face Llama).
+        layout: "interleaved" (Su et al. 2021, Meta's Llama, GPT-J) or "half" (GPT-NeoX, Hugging Face Llama).
         scaling: a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict selecting a context-extension
             method (see :mod:`posenc.rope.frequencies`), or None. Its ``rope_theta`` replaces ``base`` and its
             ``partial_rotary_factor`` sets rotary_dim. Kept as a copy: changing the dict later changes

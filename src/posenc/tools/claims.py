@@ -1,4 +1,4 @@
-"""The chapter's claims, one function per section, each claim checked in numbers computed now.
+"""The papers' claims about each encoding, one function per section, each checked in numbers computed now.
 
 Every number comes from posenc's public modules and its numpy reference (:mod:`posenc.reference`);
 nothing is copied from the text. :mod:`.tour` prints them.
@@ -108,7 +108,7 @@ def sinusoidal_claims() -> list[Claim]:
         Claim(
             section,
             "slowest period at d_model=512 is roughly 62,000 positions",
-            f"2 pi / omega_255 = {slowest_period:,.0f} (the chapter rounds omega_255 to 1/10000: 62,832)",
+            f"2 pi / omega_255 = {slowest_period:,.0f} (rounding omega_255 to 1/10000 gives 62,832)",
             55_000 < slowest_period < 65_000,
         ),
         Claim(section, "no parameters", f"{parameters} parameters", parameters == 0),
@@ -305,4 +305,4 @@ SECTIONS: list[Callable[[], list[Claim]]] = [
     extrapolation_claims,
     shaw_claims,
 ]
-"""The sections in the chapter's order."""
+"""The sections, from absolute encodings to length extrapolation."""

@@ -1,4 +1,4 @@
-"""``posenc tour``: the chapter's claims (:mod:`.claims`), each checked in numbers, in the chapter's order.
+"""``posenc tour``: the papers' claims about each encoding (:mod:`.claims`), each checked in numbers.
 
 ``--out DIR`` also writes ``tour.png``, a sheet of figures built by :func:`tour_figure`.
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def run_claims() -> list[Claim]:
-    """Check every claim of :data:`SECTIONS`; returns them in the chapter's order."""
+    """Check every claim of :data:`SECTIONS`; returns them in :data:`SECTIONS`' order."""
     with torch.no_grad():
         return [claim for section in SECTIONS for claim in section()]
 
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     start = time.perf_counter()
     claims = run_claims()
-    print("posenc tour: the chapter's claims, checked in numbers")
+    print("posenc tour: the papers' claims about each encoding, checked in numbers")
     print(format_claims(claims))
     if args.out:
         path = save_figure(tour_figure(), Path(args.out) / "tour.png")
@@ -103,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers) -> None:
     """Add ``posenc tour``."""
-    p = subparsers.add_parser("tour", help="the chapter's claims checked in numbers, with a sheet of figures")
+    p = subparsers.add_parser(
+        "tour", help="the papers' claims about each encoding checked in numbers, with a sheet of figures"
+    )
     p.add_argument(
         "--out",
         metavar="DIR",

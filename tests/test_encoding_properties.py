@@ -1,4 +1,4 @@
-"""Every property the chapter states, checked on the torch modules."""
+"""Every property the papers state about each encoding, checked on the torch modules."""
 
 import numpy as np
 import pytest
