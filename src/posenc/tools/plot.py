@@ -128,6 +128,8 @@ def _frequencies_command(args: argparse.Namespace) -> int:
     if not out.suffix and not out.is_dir():  # matplotlib writes NAME.png then: name that file
         out = out.with_name(out.name + ".png")
     try:
+        if not (math.isfinite(args.factor) and args.factor >= 1):
+            raise ValueError(f"--factor must be a finite number >= 1, got {args.factor!r}")
         if not args.base > 1:  # also NaN
             raise ValueError(
                 f"--base {args.base!r} must be > 1: the frequencies base^(-2k/d) must fall from pair to "
@@ -260,6 +262,8 @@ def _plan_command(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers) -> None:
     """Add ``posenc plot`` and its kinds (``frequencies``)."""
+    from posenc.cli import positive_int
+
     plot = subparsers.add_parser("plot", help="draw pictures of positional encodings")
     kinds = plot.add_subparsers(dest="plot", metavar="WHAT")
     plot.set_defaults(func=lambda args: (plot.print_help(), 2)[1])
@@ -272,7 +276,10 @@ def add_commands(subparsers) -> None:
     freq.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
     freq.add_argument("--base", type=float, default=10000.0, help="RoPE base, rope_theta (default 10000)")
     freq.add_argument(
-        "--original-length", type=int, default=4096, help="pretraining context length (default 4096)"
+        "--original-length",
+        type=positive_int,
+        default=4096,
+        help="pretraining context length (default 4096)",
     )
     freq.add_argument(
         "--out",
