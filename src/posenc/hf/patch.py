@@ -47,6 +47,17 @@ def _narrow_forward(module, x, position_ids, *args, **kwargs):
     return cos.to(_out_dtype(module, x)), sin.to(_out_dtype(module, x))
 
 
+def _check_exact(module, rotary, forward, name: str, model_type: str, layer_type: str | None = None):
+    """Exact or refused: a ValueError unless ``forward`` with ``rotary`` hands out what the module itself
+    does at positions 1..4, to its float32 rounding."""
+    if _mismatch(module, rotary, forward, layer_type) > _probe_tolerance(module):
+        of = f"layer type {layer_type!r} of " if layer_type else ""
+        raise ValueError(
+            f"posenc's cos/sin for {of}{type(module).__name__} ({name}, model_type {model_type!r}) are not "
+            "what the model computes itself: posenc does not read this family's RoPE right yet"
+        )
+
+
 def _gptj_forward(module, x, position_ids, *args, **kwargs):
     cos, sin = _cos_sin(module, x, position_ids)
     # sin first, (batch, seq, rotary_dim/2) each: GPT-J's and CodeGen's order
@@ -216,12 +227,7 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
         settings = rope_settings(flat)
         forward, layout = _resolve(module, form, settings, layer_type)
         rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
-        if _mismatch(module, rot, forward, layer_type) > _probe_tolerance(module):
-            raise ValueError(
-                f"posenc's cos/sin for layer type {layer_type!r} of {type(module).__name__} ({name}, "
-                f"model_type {model_type!r}) are not what the model computes itself: posenc does not read "
-                "this family's RoPE right yet"
-            )
+        _check_exact(module, rot, forward, name, model_type, layer_type)
         rotaries[layer_type] = rot
         forms[layer_type] = (forward, _keeps_float32(module, layer_type))
     return torch.nn.ModuleDict(rotaries), forms
@@ -293,13 +299,9 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
         settings = rope_settings(_cos_sin_config(config))
         forward, layout = _resolve(module, form, settings)
         rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
-        # exact or refused: the model's own RoPE reproduced in its own hand-out form, also when ``rotary``
-        # replaces it (the form is what carries any rotary into the model)
-        if _mismatch(module, rot, forward) > _probe_tolerance(module):
-            raise ValueError(
-                f"posenc's cos/sin for {type(module).__name__} ({name}, model_type {model_type!r}) are "
-                "not what the model computes itself: posenc does not read this family's RoPE right yet"
-            )
+        # the model's own RoPE reproduced in its own hand-out form, also when ``rotary`` replaces it (the
+        # form is what carries any rotary into the model)
+        _check_exact(module, rot, forward, name, model_type)
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
             rot = rotary
@@ -418,11 +420,7 @@ def _patch_remap(model, targets, rotary, remap) -> None:
         )
     forward, layout = _FORMS[form]
     own = RotaryEmbedding(**{**rope_settings(config), "layout": layout}).to(_device_of(module))
-    if _mismatch(module, own, forward) > _probe_tolerance(module):
-        raise ValueError(
-            f"posenc's cos/sin for {type(module).__name__} ({name}) are not what the model computes itself: "
-            "posenc does not read this family's RoPE right yet"
-        )
+    _check_exact(module, own, forward, name, _get(config, "model_type", default=""))
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
     patch_remap(model, [module], own if rotary is None else rotary, remap)
