@@ -4,6 +4,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from posenc.lab.config import PRESETS
 from posenc.lab.report import (
@@ -197,3 +198,30 @@ def test_passkey_table_and_panel_show_the_wilson_interval_of_all_seeds_trials():
     ends = sorted(round(float(y), 6) for c in segments for seg in c.get_segments() for y in seg[:, 1])
     assert round(wilson_interval(15, 20)[0], 6) in ends and round(wilson_interval(15, 20)[1], 6) in ends
     assert len(extrapolation_figure({**payload, "passkey_trials": 0}).axes) == 2
+
+
+@pytest.mark.parametrize("passkey", [False, True])
+def test_every_axis_label_lies_inside_the_figure(passkey):
+    """The y label of the left panel was reported cut off at the figure's edge [D8]: every label and tick
+    label of every panel must lie inside the saved figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    payload = json.loads(json.dumps(PAYLOAD))
+    if not passkey:
+        payload["passkey_trials"] = 0
+    fig = extrapolation_figure(payload)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    for ax in fig.axes:
+        lo, hi = ax.bbox.y0, ax.bbox.y1
+        for text in [ax.yaxis.label, ax.xaxis.label, ax.title, *ax.get_yticklabels()]:
+            if not text.get_text() or not text.get_visible():
+                continue
+            box = text.get_window_extent(renderer)
+            if text in ax.get_yticklabels() and not lo <= (box.y0 + box.y1) / 2 <= hi:
+                continue  # a tick outside the view, which is not drawn
+            assert box.x0 >= 0 and box.x1 <= width and box.y0 >= 0 and box.y1 <= height, (
+                f"{text.get_text()!r} at {box} leaves the {width:.0f}x{height:.0f} figure"
+            )

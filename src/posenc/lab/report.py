@@ -367,17 +367,17 @@ def extrapolation_figure(payload: dict) -> Figure:
     ax.axvline(train_len, color="grey", lw=1, ls=":", label=f"train length {train_len}")
     ax.set_yscale("log")
     ax.set_ylabel("perplexity (bytes)")
-    ax.set_title("Length extrapolation: trained short, evaluated long")
+    ax.set_title("Length extrapolation: trained short, evaluated long", fontsize=10)
     reference = gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
     gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
-    gx.set_title("Far-context gain: above 1, tokens past the training length help")
+    gx.set_title("Far-context gain: above 1, tokens past the training length help", fontsize=10)
     gx.legend(handles=[reference], fontsize=8)
     if "passkey" in panels:
         px = panels["passkey"]
         px.axvline(train_len, color="grey", lw=1, ls=":")
         px.set_ylim(-0.03, 1.03)
         px.set_ylabel("passkey accuracy (95% Wilson interval)")
-        px.set_title("Passkey retrieval: a key hidden in the text")
+        px.set_title("Passkey retrieval: a key hidden in the text", fontsize=10)
     for panel in panels.values():
         panel.set_xscale("log", base=2)
         panel.set_xlabel("evaluation length (tokens)")
