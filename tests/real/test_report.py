@@ -116,3 +116,19 @@ def test_the_suggestion_follows_its_stated_rule(payload):
     assert f": {best['method']} (perplexity" in report.suggestion(payload)
     payload["lengths"] = [100]
     assert report.suggestion(payload) is None  # nothing past the trained length
+
+
+def test_every_label_of_the_figure_lies_inside_it(payload):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = report.extend_figure(payload)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        for text in [ax.yaxis.label, ax.xaxis.label, ax.title]:
+            if text.get_text():
+                box = text.get_window_extent(renderer)
+                assert (
+                    box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y0 >= 0 and box.y1 <= fig.bbox.height
+                ), f"{text.get_text()!r} at {box} leaves the figure"
