@@ -414,3 +414,30 @@ def test_the_flex_path_compiles_once_for_every_length():
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_multimodal_rope_attention_matches_the_oracle(interleaved):
+    """attention(rotary=MRotaryEmbedding) was refused without a word in the docs [issue 19 D7]: queries
+    at (3, batch, q_len) positions, keys at their own, causal, against numpy's M-RoPE and attention in
+    float64."""
+    from posenc import reference as R
+
+    section = (2, 1, 1)
+    mrope = posenc.MRotaryEmbedding(8, section, interleaved=interleaved)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 3, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 2, 7, 8, generator=gen, dtype=torch.float64)
+    t = torch.arange(7).expand(2, -1)
+    k_pos = torch.stack((t, t // 2 + 1, t % 3))  # an image-like grid: the axes differ
+    q_pos = k_pos[..., 4:]
+    got = posenc.attention(q, k, v, rotary=mrope, positions=q_pos, k_positions=k_pos)
+    rq = R.mrope(q.numpy(), q_pos.numpy(), section, interleaved=interleaved)
+    rk = R.mrope(k.numpy(), k_pos.numpy(), section, interleaved=interleaved)
+    want = R.attention(rq, np.repeat(rk, 2, axis=1), np.repeat(v.numpy(), 2, axis=1), causal=True)
+    assert np.abs(got.numpy() - want).max() < 1e-10
+    with pytest.raises(ValueError, match="k_positions"):
+        posenc.attention(q, k, v, rotary=mrope, positions=q_pos)
+    with pytest.raises(ValueError, match="needs positions"):
+        posenc.attention(q, k, v, rotary=mrope)

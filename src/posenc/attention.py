@@ -37,7 +37,7 @@ from .bias import ALiBi
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
 from .remap import NoRemap, Remap, remap_attention
-from .rope import RotaryEmbedding
+from .rope import MRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
 
@@ -177,6 +177,26 @@ def _check_sinks(sinks, q) -> torch.Tensor:
     return sinks
 
 
+def _rotate_multimodal(rotary, q, k, positions, k_positions, offset):
+    """q and k rotated by M-RoPE: queries at ``positions`` ((3, batch, q_len) or text positions), keys at
+    ``k_positions`` (default: ``positions``, when q and k have one length)."""
+    if positions is None:
+        raise ValueError(
+            "rotary=MRotaryEmbedding needs positions=: (3, batch, seq) time/height/width ids, or text "
+            "positions"
+        )
+    if offset:
+        raise ValueError(f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead")
+    if k_positions is None:
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                f"q has {q.shape[-2]} positions and k {k.shape[-2]}: with MRotaryEmbedding give the keys' "
+                "k_positions="
+            )
+        return rotary(q, k, positions)
+    return rotary.rotate(q, positions), rotary.rotate(k, k_positions)
+
+
 def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks):
     if sinks is not None:
         sinks = _check_sinks(sinks, q)
@@ -226,7 +246,7 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    rotary: RotaryEmbedding | None = None,
+    rotary: RotaryEmbedding | MRotaryEmbedding | None = None,
     bias: ALiBi | ScoreBias | ContentBias | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
@@ -241,7 +261,9 @@ def attention(
     Args:
         q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim);
             v: (batch, kv_heads, k_len, v_dim). kv_heads may divide heads (grouped-query attention).
-        rotary: a :class:`RotaryEmbedding` that rotates q and k before attending.
+        rotary: a :class:`RotaryEmbedding` that rotates q and k before attending, or an
+            :class:`MRotaryEmbedding` (multimodal RoPE), which takes ``positions`` as (3, batch, q_len)
+            time/height/width ids and the keys' ``k_positions`` when their length differs.
         bias: an :class:`ALiBi` module or another score bias (:class:`~posenc.bias.base.ScoreBias`:
             T5Bias, KerpleBias, SandwichBias, FireBias); a content bias
             (:class:`~posenc.bias.content.ContentBias`: ShawRelative, CoPE); a boolean mask broadcastable to
@@ -270,9 +292,14 @@ def attention(
         return _remap_attention(
             q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks
         )
-    if rotary is not None:
+    if isinstance(rotary, MRotaryEmbedding):
+        q, k = _rotate_multimodal(rotary, q, k, positions, k_positions, offset)
+    elif rotary is not None:
         if not isinstance(rotary, RotaryEmbedding):
-            raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
+            raise ValueError(
+                "rotary must be a posenc.RotaryEmbedding, a posenc.MRotaryEmbedding or None, got "
+                f"{type(rotary).__name__}"
+            )
         q, k = rotary(q, k, positions=positions, offset=offset, k_positions=k_positions)
     elif positions is not None or k_positions is not None or offset:
         raise ValueError(
