@@ -137,6 +137,12 @@ SPECS = {
         lambda r: posenc.attention(Q, Q, Q, rotary=ROPE, remap=r),
         (1, 2, 6, 8),
     ),
+    "MRotaryEmbedding": (
+        posenc.MRotaryEmbedding,
+        dict(head_dim=8, mrope_section=(2, 1, 1), base=10000.0, interleaved=False, layout="half"),
+        lambda m: posenc.attention(Q, Q, Q, rotary=m, positions=torch.arange(6).expand(3, 1, -1)),
+        (1, 2, 6, 8),
+    ),
     "attention": (
         lambda **kw: kw,
         dict(rotary=ROPE, causal=True, offset=0, scale=None),
