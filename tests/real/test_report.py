@@ -114,6 +114,7 @@ def test_the_suggestion_follows_its_stated_rule(payload):
         r["passkey"] = {n: None for n in r["passkey"]}
     best = min((r for r in rows[1:] if r["ppl"]["200"] is not None), key=lambda r: r["ppl"]["200"])
     assert f": {best['method']} (perplexity" in report.suggestion(payload)
+    assert "no passkey was measured" in report.suggestion(payload)  # its rule is stated as the one applied
     payload["lengths"] = [100]
     assert report.suggestion(payload) is None  # nothing past the trained length
 

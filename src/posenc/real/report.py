@@ -46,6 +46,10 @@ def _missing(row: dict, n) -> str:
     return "n/a" if str(n) in row.get("not_applicable", {}) else PENDING
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _mult(n: int, train_len: int) -> str:
     return f"{n / train_len:g}x"
 
@@ -75,7 +79,7 @@ def markdown(payload: dict) -> str:
         "",
         f"{m['model_type']}, {m['parameters'] / 1e6:.1f}M parameters, trained at {L} tokens; {m['dtype']} on "
         f"{m['device']}. Extension factor {payload['factor']:g} (the longest length over the trained "
-        f"length). {len(payload['corpus']['windows'])} windows per length, from "
+        f"length). {_count(len(payload['corpus']['windows']), 'window')} per length, from "
         f"{payload['corpus']['path'] or 'the Python standard library'}, ending at the same tokens at every "
         f"length.",
         "",
@@ -220,11 +224,15 @@ def suggestion(payload: dict) -> str | None:
             f"; it costs short prompts {100 * (pick['ppl_short'] / none['ppl_short'] - 1):+.1f}% perplexity"
         )
     kept = f", passkey {pick['passkey'][key]:.2f}" if pick["passkey"].get(key) is not None else ""
+    rule = (
+        "of the methods whose passkey accuracy there lies within the best one's 95% interval, the lowest "
+        "perplexity"
+        if keyed
+        else "the lowest perplexity there (no passkey was measured, so retrieval does not weigh in)"
+    )
     return (
         f"Suggested start at {key} tokens: {pick['method']} (perplexity {_num(pick['ppl'][key])}{kept}{cost})"
-        ". "
-        "Rule: of the methods whose passkey accuracy there lies within the best one's 95% interval, the "
-        "lowest perplexity; a rule of thumb read off these numbers, with their intervals, not a verdict."
+        f". Rule: {rule}; a rule of thumb read off these numbers, with their intervals, not a verdict."
     )
 
 
