@@ -128,8 +128,6 @@ def rotate_into(
         return _rotate_complex(x, cos, sin, out)
     if x.dtype == work and out is not x:
         return _rotate_whole(x, cos, sin, out, layout)
-    if x.dtype == work:
-        return _rotate_whole_inplace(x, cos, sin, layout)
     return _rotate_blocked(x, cos, sin, out, layout)
 
 
@@ -162,35 +160,35 @@ def _rotate_whole(x, cos, sin, out, layout):
     return out
 
 
-def _rotate_whole_inplace(x, cos, sin, layout):
-    """In place in float32/float64: one member of each pair saved whole, then two multiply-adds per member.
-
-    The saved copy is half the rotated width of x; walking the sequence in cache-sized blocks instead
-    (hundreds of small ops, each a thread barrier) ran 10-100x slower on a loaded machine
-    (docs/fast-paths.md).
-    """
-    r = 2 * cos.shape[-1]
-    a, b = _pairs(x, r, layout)
-    saved = a.clone()
-    a.mul_(cos).addcmul_(b, -sin)  # a' = a cos - b sin  (b still intact)
-    b.mul_(cos).addcmul_(saved, sin)  # b' = b cos + a sin  (a from the saved copy)
-    return x
-
-
 def _rotate_blocked(x, cos, sin, out, layout):
-    """Half precision: walk the sequence axis in blocks that stay in cache, through a float32 scratch
-    block, so the arithmetic is float32 with one rounding (out may be x itself)."""
+    """In place, or half precision: walk the sequence axis in blocks that stay in cache.
+
+    float32/float64 compute straight into out (in place, one member of each pair is saved first);
+    bfloat16/float16 go through a float32 scratch block, so the arithmetic is float32 with one rounding.
+    """
     h = cos.shape[-1]
     r, seq, lead = 2 * h, x.shape[-2], x.shape[:-2]
     work = cos.dtype
     rows = max(1, min(seq, _BLOCK_ELEMS // (max(1, x[..., 0, 0].numel()) * r)))
     nsin = -sin
-    src = torch.empty(*lead, rows, r, dtype=work, device=x.device)
-    dst = torch.empty(*lead, rows, r, dtype=work, device=x.device)
+    same = x.dtype == work
+    if same:
+        a, b = _pairs(x, r, layout)
+        oa, ob = _pairs(out, r, layout)
+        saved = torch.empty(*lead, rows, h, dtype=work, device=x.device) if out is x else None
+    else:
+        src = torch.empty(*lead, rows, r, dtype=work, device=x.device)
+        dst = torch.empty(*lead, rows, r, dtype=work, device=x.device)
     for s0 in range(0, seq, rows):
         s1 = min(seq, s0 + rows)
         n = s1 - s0
         c, sn, ns = cos[..., s0:s1, :], sin[..., s0:s1, :], nsin[..., s0:s1, :]
+        if same:
+            xa, xb, ya, yb = a[..., s0:s1, :], b[..., s0:s1, :], oa[..., s0:s1, :], ob[..., s0:s1, :]
+            sa = xa if saved is None else saved[..., :n, :].copy_(xa)  # in place, a' overwrites a
+            torch.mul(xa, c, out=ya).addcmul_(xb, ns)  # a' = a cos - b sin  (b still intact)
+            torch.mul(xb, c, out=yb).addcmul_(sa, sn)  # b' = b cos + a sin  (a from the saved copy)
+            continue
         sb, db = src[..., :n, :], dst[..., :n, :]
         sb.copy_(x[..., s0:s1, :r])
         if layout == "interleaved":  # scratch is contiguous, so the pairs are complex numbers
