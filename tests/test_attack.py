@@ -6,8 +6,6 @@ sized by the value (a huge size is refused before anything is allocated)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -38,11 +36,12 @@ Q = torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(0))
 ROPE = posenc.RotaryEmbedding(8, layout="half")
 
 
-def _through_attention(**extra):
-    def run(obj):
-        return posenc.attention(Q, Q, Q, **{**extra, **obj})
+def _with_bias(bias):
+    return posenc.attention(Q, Q, Q, bias=bias)
 
-    return run
+
+def _with_remap(remap):
+    return posenc.attention(Q, Q, Q, rotary=ROPE, remap=remap)
 
 
 def _rotate(rope):
@@ -64,41 +63,41 @@ SPECS = {
         _rotate,
         (2, 2, 6, 8),
     ),
-    "ALiBi": (posenc.ALiBi, dict(n_heads=2), lambda b: posenc.attention(Q, Q, Q, bias=b), (1, 2, 6, 8)),
+    "ALiBi": (posenc.ALiBi, dict(n_heads=2), _with_bias, (1, 2, 6, 8)),
     "T5Bias": (
         posenc.T5Bias,
         dict(n_heads=2, num_buckets=8, max_distance=16),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "KerpleBias": (
         posenc.KerpleBias,
         dict(n_heads=2, kind="log"),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "SandwichBias": (
         posenc.SandwichBias,
         dict(n_heads=2, dim=8),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "FireBias": (
         posenc.FireBias,
         dict(n_heads=2, hidden=4, train_len=16, c=0.1),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "ShawRelative": (
         posenc.ShawRelative,
         dict(head_dim=8, max_distance=4),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "CoPE": (
         posenc.CoPE,
         dict(head_dim=8, npos_max=8),
-        lambda b: posenc.attention(Q, Q, Q, bias=b),
+        _with_bias,
         (1, 2, 6, 8),
     ),
     "SinusoidalEncoding": (
@@ -116,25 +115,25 @@ SPECS = {
     "SelfExtend": (
         posenc.SelfExtend,
         dict(group_size=2, window=2),
-        lambda r: posenc.attention(Q, Q, Q, rotary=ROPE, remap=r),
+        _with_remap,
         (1, 2, 6, 8),
     ),
     "ReRoPE": (
         posenc.ReRoPE,
         dict(window=2, leaky=None, log_n_length=None),
-        lambda r: posenc.attention(Q, Q, Q, rotary=ROPE, remap=r),
+        _with_remap,
         (1, 2, 6, 8),
     ),
     "STRING": (
         posenc.STRING,
         dict(shift=3, local_window=2, attention_factor=1.0),
-        lambda r: posenc.attention(Q, Q, Q, rotary=ROPE, remap=r),
+        _with_remap,
         (1, 2, 6, 8),
     ),
     "DualChunk": (
         posenc.DualChunk,
         dict(chunk_size=4, local_size=2, original_max_position_embeddings=None),
-        lambda r: posenc.attention(Q, Q, Q, rotary=ROPE, remap=r),
+        _with_remap,
         (1, 2, 6, 8),
     ),
     "MRotaryEmbedding": (
@@ -160,13 +159,8 @@ def _outputs(out):
     return [t for t in out if isinstance(t, torch.Tensor)]
 
 
-@pytest.mark.parametrize("name, argument", CASES, ids=[f"{n}-{a}" for n, a in CASES])
-@settings(
-    max_examples=len(MISTAKES), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
-)
-@given(value=st.sampled_from(MISTAKES))
-def test_one_wrong_argument_is_refused_by_name_or_works(name, argument, value):
-    make, valid, run, shape = SPECS[name]
+def attack(name, make, valid, run, shape, argument, value) -> None:
+    """One wrong argument: a ValueError/TypeError naming it, or finite outputs of the right shape."""
     try:
         out = run(make(**{**valid, argument: value}))
     except (ValueError, TypeError) as e:
@@ -177,14 +171,28 @@ def test_one_wrong_argument_is_refused_by_name_or_works(name, argument, value):
         assert torch.isfinite(t).all(), f"{name}({argument}={value!r}) gave non-finite output"
 
 
-def test_the_attack_can_fail():
-    """A constructor that lets a NaN through to its output is caught."""
+@pytest.mark.parametrize("name, argument", CASES, ids=[f"{n}-{a}" for n, a in CASES])
+@settings(
+    max_examples=len(MISTAKES), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+@given(value=st.sampled_from(MISTAKES))
+def test_one_wrong_argument_is_refused_by_name_or_works(name, argument, value):
+    attack(name, *SPECS[name], argument, value)
 
-    def nan_base(head_dim, base):
-        return posenc.RotaryEmbedding(head_dim, base=10000.0 if math.isnan(base) else base, layout="half")
 
-    out = _rotate(nan_base(8, float("nan"))) * float("nan")
-    assert not torch.isfinite(out).all()
+def _refuses_by_another_name(head_dim):
+    raise ValueError(f"base must be > 0, got {head_dim!r}")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [(lambda head_dim: head_dim, "non-finite"), (_refuses_by_another_name, "without naming")],
+    ids=["nan-let-through", "error-without-the-name"],
+)
+def test_the_attack_catches_what_it_is_for(make, message):
+    """The property can fail: a NaN that reaches the output, or a refusal that names another argument."""
+    with pytest.raises(AssertionError, match=message):
+        attack("broken", make, dict(head_dim=8), lambda v: Q[0] * v, (2, 6, 8), "head_dim", float("nan"))
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
