@@ -16,7 +16,7 @@ __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 # (i, i + r/2). patch_model does not rely on this list: it reads the pairing off what each model's rotary
 # module hands out.
 INTERLEAVED_MODEL_TYPES = frozenset(
-    {"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "blt", "deepseek_v2", "glm4v", "glm4v_text"}
+    {"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "blt", "deepseek_v2", "glm4v_text"}
 )
 
 

@@ -17,7 +17,7 @@ import types
 import torch
 
 from ..rope import RotaryEmbedding
-from .plan import LayerPlan, Rope
+from .plan import MROPE_FAMILIES, LayerPlan, Rope
 
 __all__ = ["ADAPTERS", "patch_layers", "unpatch_layers"]
 
@@ -45,14 +45,7 @@ ADAPTERS = {
     "cohere2": _Adapter("pairs", fixed_rope="sliding_window"),
     "gemma3_text": _Adapter("half"),
     "gemma4_text": _Adapter("half"),
-    "qwen2_vl_text": _Adapter("half"),
-    "qwen2_5_vl_text": _Adapter("half"),
-    "qwen3_vl_text": _Adapter("half"),
-    "qwen3_vl_moe_text": _Adapter("half"),
-    "glm4v_text": _Adapter("pairs"),
-    "glm4v_moe_text": _Adapter("half"),
-    "paddleocr_vl_text": _Adapter("half"),
-    "cosmos3_edge_text": _Adapter("half"),
+    **{f"{family}_text": _Adapter(m.form) for family, m in MROPE_FAMILIES.items()},
     "deepseek_v3": _Adapter("half"),
 }
 """text model_type -> how its attention layers take cos/sin (tests/hf/test_plans.py covers each)."""

@@ -13,7 +13,7 @@ import torch
 from ..rope import RotaryEmbedding
 from ._config import _get, rope_settings, rotary_from_config
 from .layers import ADAPTERS, patch_layers, unpatch_layers
-from .plan import position_plan, text_config
+from .plan import MROPE_FAMILIES, position_plan, text_config
 
 __all__ = ["consistent_cache", "patch_model", "unpatch_model"]
 
@@ -365,7 +365,7 @@ def _form(module, name: str, model_type: str) -> str:
     if _takes_axis_positions(module):
         raise ValueError(
             f"{type(module).__name__} ({name}) takes M-RoPE position ids of several axes; patch_model "
-            f"applies M-RoPE through the plans of {', '.join(sorted(t for t in ADAPTERS if 'vl' in t))}, and "
+            f"applies M-RoPE through the plans of {', '.join(sorted(MROPE_FAMILIES))}, and "
             f"model_type {model_type!r} is not one of them yet"
         )
     form = _handout(module) if hasattr(module, "inv_freq") or hasattr(module, "embed_positions") else None

@@ -329,28 +329,37 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
     return _rope(rope_settings(flat))
 
 
-MROPE_SECTIONS = {
-    "qwen2_vl": (16, 24, 24),
-    "qwen2_5_vl": (16, 24, 24),
-    "qwen3_vl": (24, 20, 20),
-    "qwen3_vl_moe": (24, 20, 20),
-    "glm4v": (8, 12, 12),
-    "glm4v_moe": (8, 12, 12),
-    "paddleocr_vl": (16, 24, 24),
-    "cosmos3_edge": (24, 20, 20),
+@dataclasses.dataclass(frozen=True)
+class MRopeFamily:
+    """What one M-RoPE family's code does: its default ``mrope_section`` (time, height, width pairs), whether
+    the axes' frequency slots interleave (t, h, w, t, h, w, ... as Qwen3-VL) or take contiguous sections
+    (Qwen2-VL), and how its attention pairs dimensions ("half": (i, i + d/2); "pairs": (2i, 2i+1))."""
+
+    section: tuple[int, int, int]
+    interleaved: bool = False
+    form: str = "half"
+
+
+# family (the composite model_type) -> its M-RoPE; the plan reader, the composite's text config and the
+# attention adapter of each come from here
+MROPE_FAMILIES = {
+    "qwen2_vl": MRopeFamily((16, 24, 24)),
+    "qwen2_5_vl": MRopeFamily((16, 24, 24)),
+    "qwen3_vl": MRopeFamily((24, 20, 20), interleaved=True),
+    "qwen3_vl_moe": MRopeFamily((24, 20, 20), interleaved=True),
+    "glm4v": MRopeFamily((8, 12, 12), form="pairs"),  # over a partial rotary, as GLM-4V-MoE
+    "glm4v_moe": MRopeFamily((8, 12, 12)),
+    "paddleocr_vl": MRopeFamily((16, 24, 24)),
+    "cosmos3_edge": MRopeFamily((24, 20, 20), interleaved=True),
 }
-# the families whose M-RoPE interleaves the axes' frequency slots (t, h, w, t, h, w, ...) where the others
-# give each axis a contiguous section
-INTERLEAVED_MROPE = frozenset({"qwen3_vl", "qwen3_vl_moe", "cosmos3_edge"})
 
 
 def _qwen_vl(config) -> tuple[LayerPlan, ...]:
     family = _get(config, "model_type").removesuffix("_text")
     params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
-    section = tuple(params.pop("mrope_section", MROPE_SECTIONS[family]))
-    # Qwen3-VL's code always interleaves; its configs say so with mrope_interleaved
-    interleaved = family in INTERLEAVED_MROPE
-    params.pop("mrope_interleaved", None)
+    spec = MROPE_FAMILIES[family]
+    section = tuple(params.pop("mrope_section", spec.section))
+    params.pop("mrope_interleaved", None)  # Qwen3-VL's configs say what its code always does
     if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
         params.pop("type", None)
         params["rope_type"] = "default"
@@ -361,7 +370,10 @@ def _qwen_vl(config) -> tuple[LayerPlan, ...]:
         "rope_theta": _get(config, "rope_theta"),
         "rope_parameters": params,
     }
-    rope = _rope(rope_settings(flat), mrope_section=section, mrope_interleaved=interleaved)
+    layout = "interleaved" if spec.form == "pairs" else "half"
+    rope = _rope(
+        {**rope_settings(flat), "layout": layout}, mrope_section=section, mrope_interleaved=spec.interleaved
+    )
     return _single_rope_plan(config, rope)
 
 
@@ -397,14 +409,7 @@ READERS = {
     "cohere2": _cohere2,
     "gemma3_text": _gemma3,
     "gemma4_text": _gemma4,
-    "qwen2_vl_text": _qwen_vl,
-    "qwen2_5_vl_text": _qwen_vl,
-    "qwen3_vl_text": _qwen_vl,
-    "qwen3_vl_moe_text": _qwen_vl,
-    "glm4v_text": _qwen_vl,  # GLM-4V's M-RoPE: contiguous sections over a partial rotary
-    "glm4v_moe_text": _qwen_vl,
-    "paddleocr_vl_text": _qwen_vl,
-    "cosmos3_edge_text": _qwen_vl,
+    **{f"{family}_text": _qwen_vl for family in MROPE_FAMILIES},
     "qwen2_vl": _qwen_vl,  # early Qwen2-VL / Qwen2.5-VL config.json files are flat
     "qwen2_5_vl": _qwen_vl,
     "qwen3_vl": _qwen_vl,
@@ -412,19 +417,7 @@ READERS = {
 }
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
 
-_COMPOSITE = {
-    "llama4",
-    "gemma3",
-    "gemma4",
-    "qwen2_vl",
-    "qwen2_5_vl",
-    "qwen3_vl",
-    "qwen3_vl_moe",
-    "glm4v",
-    "glm4v_moe",
-    "paddleocr_vl",
-    "cosmos3_edge",
-}
+_COMPOSITE = {"llama4", "gemma3", "gemma4", *MROPE_FAMILIES}
 _HANDLED_KEYS = {
     "rope_parameters",
     "rope_scaling",
