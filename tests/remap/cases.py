@@ -32,7 +32,7 @@ def case(draw):
         offset=draw(st.sampled_from([0, 0, 5])),
         rotary=draw(st.sampled_from(sorted(ROTARIES))),
         block=draw(st.one_of(st.none(), st.integers(1, 9))),
-        kernel=draw(st.sampled_from(["flash", "blocks"])),
+        kernel=draw(st.sampled_from(["flash", "blocks", "flex"])),
     )
 
 

@@ -23,7 +23,8 @@ import torch
 
 from .. import _checks
 from ..kernels.query_blocked import query_blocked_attention
-from ..kernels.remap_blocked import Band
+from ..kernels.remap_blocked import Band, remap_attention_blocked
+from ..kernels.remap_flex import remap_attention_flex
 
 __all__ = ["NoRemap", "Remap", "View", "remap_attention"]
 
@@ -118,6 +119,27 @@ def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim
     return torch.matmul(weights, v.unsqueeze(2))
 
 
+def _checked_kernel(kernel: str | None, q, k, v, sinks) -> str:
+    """The kernel remap_attention runs (its docstring), refused before any work where it cannot run."""
+    if kernel is None:
+        if q.is_cuda:
+            return "flex"
+        return "flash" if q.device.type == "cpu" and not _checks.tracing() else "blocks"
+    if kernel not in ("flash", "flex", "blocks"):
+        raise ValueError(f"kernel must be 'flash', 'flex', 'blocks' or None, got {kernel!r}")
+    if kernel == "flash" and q.device.type != "cpu":
+        raise ValueError(
+            f"kernel='flash' runs torch's CPU flash kernel; q is on {q.device}: use 'flex' or 'blocks'"
+        )
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
+    if kernel == "flex" and not q.is_cuda and grad:
+        raise ValueError(
+            "kernel='flex' has no backward on the CPU (torch compiles FlexAttention's backward for GPUs "
+            "only); use kernel='flash' or 'blocks' to train on the CPU"
+        )
+    return kernel
+
+
 def remap_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -141,10 +163,13 @@ def remap_attention(
     softmax row as a key with no value (attention sinks, as GPT-OSS has them). Returns (B, H, Lq, Dv).
 
     ``kernel``: "flash" (torch's CPU flash kernel on blocks of queries and key ranges, merged by their
-    log-sum-exps: :mod:`posenc.kernels.remap_blocked`) or "blocks" (each block of queries materialised under
-    a checkpoint, any device); default "flash" on the CPU outside torch.compile, else "blocks".
+    log-sum-exps: :mod:`posenc.kernels.remap_blocked`), "flex" (one FlexAttention call per view under a
+    block mask, merged by their log-sum-exps: :mod:`posenc.kernels.remap_flex`; compiled on CUDA, forward
+    only on the CPU) or "blocks" (each block of queries materialised under a checkpoint, any device);
+    default "flash" on the CPU outside torch.compile, "flex" on CUDA, else "blocks".
     """
     offset = _checks.non_negative_int("offset", offset)
+    kernel = _checked_kernel(kernel, q, k, v, sinks)
     lq, lk = q.shape[-2], k.shape[-2]
     if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
         remap.check_length(offset + lk, rotary.max_position_embeddings)
@@ -162,16 +187,14 @@ def remap_attention(
         ks.append(k if rotary is None else rotary.rotate(k, positions=view.k, context_len=context))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     bands = tuple(Band(w.lo, w.hi, w.unit) for w in views)
-    if kernel is None:
-        kernel = "flash" if q.device.type == "cpu" and not _checks.tracing() else "blocks"
     if kernel == "flash":
-        from ..kernels.remap_blocked import remap_attention_blocked
-
         return remap_attention_blocked(
             torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks, offset=offset
         )
-    if kernel != "blocks":
-        raise ValueError(f"kernel must be 'flash', 'blocks' or None, got {kernel!r}")
+    if kernel == "flex":
+        return remap_attention_flex(
+            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, sinks=sinks, offset=offset
+        )
     fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1], offset=offset)
     width = len(views) + 4  # the scores, the weights, one view's scores and its band mask, per block
     params = () if sinks is None else (sinks,)
