@@ -106,3 +106,127 @@ def test_what_patch_model_with_a_remap_refuses():
     )
     with pytest.raises(ValueError, match="remap= works on single-RoPE models; gemma3_text has a per-layer"):
         patch_model(gemma, remap=posenc.ReRoPE(4))
+
+
+def _tiny(config_class, model_class, **extra):
+    torch.manual_seed(0)
+    config = config_class(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        **extra,
+    )
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4)
+    return model
+
+
+def tiny_mistral_with_a_window():
+    return _tiny(transformers.MistralConfig, transformers.MistralForCausalLM, sliding_window=8)
+
+
+def tiny_gpt_oss():
+    """Attention sinks (s_aux) and sliding-window layers alternating with full ones; cos/sin handed out
+    narrow, each frequency once."""
+    return _tiny(
+        transformers.GptOssConfig,
+        transformers.GptOssForCausalLM,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("build", [tiny_mistral_with_a_window, tiny_gpt_oss], ids=lambda f: f.__name__)
+def test_sliding_windows_and_sinks_are_the_models_own(build):
+    """A remap that moves no distance (SelfExtend with groups of 1) leaves the model as it was, sliding
+    windows and sinks included; before, the windows were dropped (logits off by 12 on the Mistral)."""
+    model = build()
+    ids = torch.randint(1, 128, (2, 30))
+    want = model(ids).logits
+    patch_model(model, remap=posenc.SelfExtend(1, 64))
+    torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-4)
+    unpatch_model(model)
+
+
+@torch.no_grad()
+def test_gpt_oss_with_a_remap_decodes_like_its_full_pass_and_like_posenc_attention():
+    model = tiny_gpt_oss()  # float32: its experts' grouped matmul takes no float64
+    remap = posenc.SelfExtend(2, 5)  # absolute groups: the sliding-window cache's tail must sit right
+    attn = model.model.layers[1].self_attn  # a full-attention layer, with sinks
+    seen = {}
+    attn.register_forward_pre_hook(lambda m, a, kw: seen.update(h=kw["hidden_states"]), with_kwargs=True)
+    attn.register_forward_hook(lambda m, a, kw, out: seen.update(out=out[0]), with_kwargs=True)
+    patch_model(model, remap=remap)
+    ids = torch.randint(1, 128, (1, 30))
+    full = model(ids).logits
+    h = seen["h"]
+    q = attn.q_proj(h).view(1, 30, 4, 16).transpose(1, 2)
+    k = attn.k_proj(h).view(1, 30, 2, 16).transpose(1, 2)
+    v = attn.v_proj(h).view(1, 30, 2, 16).transpose(1, 2)
+    rotary = rotary_from_config(model.config)
+    want = posenc.attention(q, k, v, rotary=rotary, remap=remap, scale=attn.scaling, sinks=attn.sinks)
+    torch.testing.assert_close(seen["out"], attn.o_proj(want.transpose(1, 2).reshape(1, 30, 64)))
+    out = model(ids[:, :20], use_cache=True)
+    steps = [out.logits]
+    for t in range(20, 30):
+        out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_what_the_remap_kernels_cannot_do_is_refused():
+    gemma2 = _tiny(transformers.Gemma2Config, transformers.Gemma2ForCausalLM, head_dim=16)
+    with pytest.raises(ValueError, match="remap= has no logit soft-capping; gemma2 caps its scores"):
+        patch_model(gemma2, remap=posenc.ReRoPE(4))
+    model = _tiny(transformers.LlamaConfig, transformers.LlamaForCausalLM, attention_dropout=0.1)
+    patch_model(model, remap=posenc.ReRoPE(4))
+    model.train()
+    with pytest.raises(ValueError, match="remap= has no attention dropout; this layer passes dropout=0.1"):
+        model(torch.randint(1, 128, (1, 10)))
+    unpatch_model(model)
+
+
+@torch.no_grad()
+def test_a_forward_that_bypasses_the_patched_attention_is_refused_not_run_unrotated():
+    model = tiny_llama()
+    patch_model(model, remap=posenc.ReRoPE(4))
+    model.config._attn_implementation = "sdpa"  # as a family whose attention ignores the interface
+    with pytest.raises(ValueError, match="did not go through transformers' attention interface"):
+        model(torch.randint(1, 128, (1, 10)))
+    model.config._attn_implementation = "posenc_remap"
+    unpatch_model(model)
+
+
+@torch.no_grad()
+def test_position_ids_place_the_keys_and_packed_ones_are_refused():
+    model = tiny_llama(layers=1)
+    attn = model.model.layers[0].self_attn
+    seen = {}
+    attn.register_forward_pre_hook(lambda m, a, kw: seen.update(h=kw["hidden_states"]), with_kwargs=True)
+    attn.register_forward_hook(lambda m, a, kw, out: seen.update(out=out[0]), with_kwargs=True)
+    remap = posenc.SelfExtend(2, 3)  # its groups count absolute positions: an offset shows
+    patch_model(model, remap=remap)
+    ids = torch.randint(1, 128, (1, 12))
+    model(ids, position_ids=torch.arange(5, 17)[None])
+    h = seen["h"]
+    q = attn.q_proj(h).view(1, 12, 4, 16).transpose(1, 2)
+    k = attn.k_proj(h).view(1, 12, 2, 16).transpose(1, 2)
+    v = attn.v_proj(h).view(1, 12, 2, 16).transpose(1, 2)
+    want = posenc.attention(
+        q, k, v, rotary=rotary_from_config(model.config), remap=remap, scale=attn.scaling, offset=5
+    )
+    torch.testing.assert_close(seen["out"], attn.o_proj(want.transpose(1, 2).reshape(1, 12, 64)))
+    packed = torch.cat([torch.arange(6), torch.arange(6)])[None]
+    with pytest.raises(ValueError, match="takes consecutive position_ids, one offset for the whole batch"):
+        model(ids, position_ids=packed)
+    unpatch_model(model)

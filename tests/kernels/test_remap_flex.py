@@ -18,8 +18,6 @@ from posenc.remap import remap_attention
 from ..qkv import random_qkv
 from ..remap.cases import oracle
 
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-
 REMAPS = {
     "selfextend": (posenc.SelfExtend(4, 40), lambda lq, lk, o: R.selfextend_distance(lq, lk, 4, 40, o)),
     "rerope": (posenc.ReRoPE(50), lambda lq, lk, o: R.rerope_distance(lq, lk, 50, offset=o)),

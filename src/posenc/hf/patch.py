@@ -24,6 +24,11 @@ PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj", "cohere", "coh
 
 def _cos_sin(module, x, position_ids):
     rot = module.posenc_rotary
+    identity = getattr(module, "posenc_identity", None)
+    if identity is not None:  # patch_model(remap=): the attention rotates q and k, and checks these positions
+        identity["positions"] = position_ids
+        shape = (*position_ids.shape, rot.rotary_dim // 2)
+        return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
     # transformers scales length-dependent methods for 1 + the largest position in the whole batch
     context = int(position_ids.max()) + 1 if position_ids.numel() else 1
     return rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
@@ -412,18 +417,26 @@ def _patch_remap(model, targets, rotary, remap) -> None:
         )
     name, module = targets[0]
     config = getattr(module, "config", None) or model.config
-    form = _form(module, name, _get(config, "model_type", default=""))
-    if form not in ("half", "pairs"):
+    model_type = _get(config, "model_type", default="")
+    form = _form(module, name, model_type)
+    if form == "complex":
         raise ValueError(
-            "remap= works on models whose rotary module hands out full-width cos/sin; "
-            f"{type(module).__name__} ({name}) hands them out {form}"
+            f"remap= rotates the first rotary_dim channels of each head; {type(module).__name__} ({name}) "
+            "hands out complex frequencies for attention code that places its rotary channels itself"
         )
-    forward, layout = _FORMS[form]
-    own = RotaryEmbedding(**{**rope_settings(config), "layout": layout}).to(_device_of(module))
-    _check_exact(module, own, forward, name, _get(config, "model_type", default=""))
+    softcap = _get(text_config(model.config), "attn_logit_softcapping", default=None)
+    if softcap is not None:
+        raise ValueError(
+            f"remap= has no logit soft-capping; {model_type or type(model).__name__} caps its scores at "
+            f"attn_logit_softcapping={softcap}"
+        )
+    settings = rope_settings(config)
+    forward, layout = _resolve(module, form, settings)
+    own = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+    _check_exact(module, own, forward, name, model_type)
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
-    patch_remap(model, [module], own if rotary is None else rotary, remap)
+    patch_remap(model, module, forward, own if rotary is None else rotary, remap)
 
 
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:

@@ -3,13 +3,19 @@ remap=R)``.
 
 A remap scores each pair with queries and keys rotated at positions that depend on both (the query's
 position decides which view a key falls in), so the rotation moves from the rotary module into the
-attention: the model's rotary modules hand out the identity (cos 1, sin 0), q and k reach attention
-unrotated, the KV cache keeps unrotated keys, and a registered attention function (``posenc_remap`` in
-transformers' ``AttentionInterface``) runs :func:`posenc.attention` with the rotary and the remap. Every new
-query remaps every cached key anew, so decoding equals the full forward pass.
+attention: the model's rotary module hands out the identity (cos 1, sin 0, in its own form), q and k reach
+attention unrotated, the KV cache keeps unrotated keys, and a registered attention function
+(``posenc_remap`` in transformers' ``AttentionInterface``) runs :func:`posenc.remap.remap_attention` with
+the rotary and the remap. Every new query remaps every cached key anew, so decoding equals the full forward
+pass. A layer's ``sliding_window`` limits it to the keys at true distance < window, and learned attention
+sinks (``s_aux``: GPT-OSS and the families that copied it) join every softmax row, as in the model's own
+attention. What the remap kernels cannot do (logit soft-capping, attention dropout, sinks given another
+way) is refused, and so is a forward in which the model's attention never reached the registered function
+(a family whose attention code does not go through the interface would otherwise run unrotated).
 
-The queries are the last of the keys, which start at position 0: unpadded batches only (a padded batch is
-refused before the forward runs).
+The keys are the positions up to the last query's (the position ids the rotary module is given: from 0
+without a cache; a sliding-window cache keeps the tail): one consecutive run of positions for the whole
+batch, unpadded (a padded batch is refused before the forward runs, packed position ids at the first layer).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import types
 
 import torch
 
-from ..attention import attention
+from ..remap import remap_attention
 from .layers import _attention_layers
 
 __all__ = ["IMPLEMENTATION", "patch_remap", "unpatch_remap"]
@@ -26,12 +32,9 @@ __all__ = ["IMPLEMENTATION", "patch_remap", "unpatch_remap"]
 IMPLEMENTATION = "posenc_remap"
 
 
-def _identity_forward(module, x, position_ids, *args, **kwargs):
-    shape = (*position_ids.shape, module.posenc_rotary.rotary_dim)
-    return x.new_ones(shape), x.new_zeros(shape)
-
-
-def _remap_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _remap_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
     """transformers' attention-function protocol: q (B, H, Lq, D), k and v (B, Hk, Lk, D) from the cache;
     returns (B, Lq, H, Dv) and no weights."""
     state = getattr(module, "_posenc_remap", None)
@@ -40,51 +43,116 @@ def _remap_forward(module, query, key, value, attention_mask, scaling=None, drop
             f"the attention implementation {IMPLEMENTATION!r} runs only in a model patched with "
             "posenc.hf.patch_model(model, remap=...)"
         )
-    rotary, remap = state
-    out = attention(query, key, value, rotary=rotary, remap=remap, scale=scaling)
+    rotary, remap, calls = state
+    if kwargs.get("softcap") is not None:
+        raise ValueError(f"remap= has no logit soft-capping; this layer passes softcap={kwargs['softcap']}")
+    if dropout:
+        raise ValueError(
+            f"remap= has no attention dropout; this layer passes dropout={dropout} (model.eval(), or set "
+            "the config's attention_dropout to 0 to train)"
+        )
+    if "last" not in calls:
+        calls["last"] = _last_position(calls.get("positions"), query.shape[-2], key.shape[-2])
+    offset = calls["last"] + 1 - key.shape[-2]
+    if offset < 0:
+        raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls['last']}")
+    sinks = kwargs.get("s_aux")
+    if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
+        raise ValueError(f"{type(module).__name__} has sinks but does not pass them as s_aux")
+    out = remap_attention(
+        query,
+        key,
+        value,
+        rotary,
+        remap,
+        offset=offset,
+        scale=scaling,
+        sinks=sinks,
+        window=sliding_window or None,
+    )
+    calls["n"] += 1
     return out.transpose(1, 2).contiguous(), None
 
 
-def _refuse_padding(module, args, kwargs):
+def _last_position(positions, q_len: int, k_len: int) -> int:
+    """The position of the last query, from the position ids the rotary module was given (the keys are the
+    last k_len positions up to it: the whole sequence, or a sliding-window cache's tail); refused unless
+    every sequence's queries sit at consecutive positions, the same in each (one offset for the batch)."""
+    if positions is None:
+        return k_len - 1
+    rows = positions.reshape(-1, positions.shape[-1])
+    if rows.shape[-1] != q_len:
+        raise ValueError(f"position_ids hold {rows.shape[-1]} positions for {q_len} queries")
+    steps = torch.arange(q_len, device=rows.device)
+    if not bool((rows == rows[:1, :1] + steps).all()):
+        raise ValueError(
+            "a model patched with remap= takes consecutive position_ids, one offset for the whole batch "
+            "(not packed or per-sequence positions): run the sequences one at a time"
+        )
+    return int(rows[0, -1])
+
+
+def _before_forward(model, args, kwargs):
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
         raise ValueError(
             "a model patched with remap= takes unpadded batches only (its keys start at position 0); this "
             "attention_mask masks some tokens: run the sequences one at a time"
         )
+    calls = model._posenc_remap_saved[2]
+    calls.clear()
+    calls["n"] = 0
 
 
-def patch_remap(model, targets, rotary, remap) -> None:
-    """Give the rotary modules ``targets`` the identity forward, every attention layer ``(rotary, remap)``,
-    and the model the ``posenc_remap`` attention implementation (module docstring)."""
+def _after_forward(model, args, kwargs, output):
+    if model._posenc_remap_saved[2]["n"] == 0:
+        raise ValueError(
+            f"{type(model).__name__}'s attention did not go through transformers' attention interface, so "
+            "patch_model(remap=) cannot reach it (its queries and keys went unrotated): this family cannot "
+            "take a remap; posenc.hf.unpatch_model(model) restores it"
+        )
+
+
+def patch_remap(model, module, forward, rotary, remap) -> None:
+    """Give the rotary module ``module`` ``forward`` (its hand-out form) with the identity, every attention
+    layer ``(rotary, remap)``, and the model the ``posenc_remap`` attention implementation (module
+    docstring)."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(IMPLEMENTATION, _remap_forward)
-    for module in targets:
-        module.posenc_rotary = rotary.to(next(iter(module.buffers()), torch.empty(0)).device)
-        module.forward = types.MethodType(_identity_forward, module)
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
+    AttentionInterface.register(IMPLEMENTATION, _remap_forward)
+    module.posenc_rotary = rotary.to(next(iter(module.buffers()), torch.empty(0)).device)
+    # per forward: attention calls, the position ids the rotary module was given, the last query's position
+    calls = {"n": 0}
+    module.posenc_identity = calls
+    module.forward = types.MethodType(forward, module)
     for layer in layers:
-        layer._posenc_remap = (rotary, remap)
+        layer._posenc_remap = (rotary, remap, calls)
     model._posenc_remap_saved = (
         model.config._attn_implementation,
-        model.register_forward_pre_hook(_refuse_padding, with_kwargs=True),
+        (
+            model.register_forward_pre_hook(_before_forward, with_kwargs=True),
+            model.register_forward_hook(_after_forward, with_kwargs=True),
+        ),
+        calls,
     )
     model.config._attn_implementation = IMPLEMENTATION
 
 
 def unpatch_remap(model) -> None:
-    """Undo :func:`patch_remap`'s changes to the attention layers and the model (the rotary modules are
+    """Undo :func:`patch_remap`'s changes to the attention layers and the model (the rotary module is
     restored by :func:`~posenc.hf.unpatch_model`)."""
     saved = getattr(model, "_posenc_remap_saved", None)
     if saved is None:
         return
-    implementation, hook = saved
+    implementation, hooks, _ = saved
     model.config._attn_implementation = implementation
-    hook.remove()
+    for hook in hooks:
+        hook.remove()
     del model._posenc_remap_saved
     for module in model.modules():
         if hasattr(module, "_posenc_remap"):
             del module._posenc_remap
+        module.__dict__.pop("posenc_identity", None)

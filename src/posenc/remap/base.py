@@ -15,6 +15,7 @@ and the gradients are exact. Causal only: a remapped distance is defined for key
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -140,6 +141,14 @@ def _checked_kernel(kernel: str | None, q, k, v, sinks) -> str:
     return kernel
 
 
+def _within(views: tuple[View, ...], window: int, remap: Remap) -> tuple[View, ...]:
+    """The views restricted to true distances below ``window`` (sliding-window attention)."""
+    if any(v.unit != 1 for v in views):
+        raise ValueError(f"window= limits distances in tokens; {remap!r} bands distances in chunks")
+    kept = (dataclasses.replace(v, hi=min(v.hi, window)) for v in views)
+    return tuple(v for v in kept if v.lo < v.hi)
+
+
 def remap_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -152,6 +161,7 @@ def remap_attention(
     block: int | None = None,
     kernel: str | None = None,
     sinks: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention with ``rotary``'s RoPE at ``remap``'s distances (module docstring).
 
@@ -160,7 +170,9 @@ def remap_attention(
     every new query remaps every cached key anew). Length-dependent schedules (dynamic NTK, LongRoPE) use
     offset + Lk as the context. An unscaled rotary with ``max_position_embeddings`` (the trained length)
     refuses a remap that would still reach past it. ``sinks`` (H,): a learned logit per head added to every
-    softmax row as a key with no value (attention sinks, as GPT-OSS has them). Returns (B, H, Lq, Dv).
+    softmax row as a key with no value (attention sinks, as GPT-OSS has them). ``window``: sliding-window
+    attention, each query taking only the keys at true distance < window (transformers' ``sliding_window``;
+    token-distance remaps only). Returns (B, H, Lq, Dv).
 
     ``kernel``: "flash" (torch's CPU flash kernel on blocks of queries and key ranges, merged by their
     log-sum-exps: :mod:`posenc.kernels.remap_blocked`), "flex" (one FlexAttention call per view under a
@@ -170,12 +182,17 @@ def remap_attention(
     """
     offset = _checks.non_negative_int("offset", offset)
     kernel = _checked_kernel(kernel, q, k, v, sinks)
+    if window is not None:
+        window = _checks.positive_int("window", window)
     lq, lk = q.shape[-2], k.shape[-2]
     if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
-        remap.check_length(offset + lk, rotary.max_position_embeddings)
+        reach = offset + lk if window is None else min(offset + lk, window)
+        remap.check_length(reach, rotary.max_position_embeddings)
     j = torch.arange(offset, offset + lk, device=q.device)
     i = j[lk - lq :]
     views = remap.views(i, j)
+    if window is not None:
+        views = _within(views, window, remap)
     context = offset + lk
     qs, ks = [], []
     factor = remap.query_scale(i)
