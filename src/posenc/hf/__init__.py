@@ -11,6 +11,8 @@
 - :func:`consistent_cache`: a transformers ``DynamicCache`` that re-rotates the cached keys whenever a
   length-dependent schedule (dynamic NTK, dynamic YaRN, LongRoPE) changes, so cached keys and the new
   query always share one schedule (see :mod:`posenc.rope.cache`).
+- :func:`streaming_cache`: StreamingLLM's cache (attention sinks and a recent window, positions counted in
+  the cache) for a model patched with ``remap=``.
 
 transformers itself is only imported by the caller: nothing here needs it at import time.
 """
@@ -18,6 +20,7 @@ transformers itself is only imported by the caller: nothing here needs it at imp
 from ._config import INTERLEAVED_MODEL_TYPES, rope_settings, rotary_from_config
 from .patch import PATCHED_FAMILIES, consistent_cache, patch_model, unpatch_model
 from .plan import LayerPlan, QueryTemperature, Rope, position_plan, text_config
+from .streaming import streaming_cache
 
 __all__ = [
     "INTERLEAVED_MODEL_TYPES",
@@ -30,6 +33,7 @@ __all__ = [
     "position_plan",
     "rope_settings",
     "rotary_from_config",
+    "streaming_cache",
     "text_config",
     "unpatch_model",
 ]

@@ -51,11 +51,14 @@ def _remap_forward(
             f"remap= has no attention dropout; this layer passes dropout={dropout} (model.eval(), or set "
             "the config's attention_dropout to 0 to train)"
         )
-    if "last" not in calls:
-        calls["last"] = _last_position(calls.get("positions"), query.shape[-2], key.shape[-2])
-    offset = calls["last"] + 1 - key.shape[-2]
-    if offset < 0:
-        raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls['last']}")
+    if calls.get("streaming"):  # set by posenc.hf.streaming_cache's update: the kept keys sit at 0 .. n-1
+        offset = 0
+    else:
+        if "last" not in calls:
+            calls["last"] = _last_position(calls.get("positions"), query.shape[-2], key.shape[-2])
+        offset = calls["last"] + 1 - key.shape[-2]
+        if offset < 0:
+            raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls['last']}")
     sinks = kwargs.get("s_aux")
     if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
         raise ValueError(f"{type(module).__name__} has sinks but does not pass them as s_aux")

@@ -1,0 +1,72 @@
+"""StreamingLLM in a transformers model (Xiao et al. 2023, "Efficient Streaming Language Models with Attention
+Sinks", arXiv:2309.17453): :func:`streaming_cache`.
+
+The cache keeps the first ``sink_tokens`` tokens and the ``window`` most recent ones, as
+:class:`posenc.StreamingKVCache` does for one layer, and the kept tokens take the positions 0 .. n-1 they hold
+in the cache. It works on a model patched with ``patch_model(model, remap=...)``: there the cache holds
+unrotated keys and the attention rotates them at every step, so after an eviction no key is rotated again
+from an already rounded one. ``remap=posenc.remap.NoRemap()`` gives StreamingLLM itself; another remap
+applies on the positions in the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import _checks
+
+__all__ = ["streaming_cache"]
+
+
+def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
+    """A transformers ``DynamicCache`` for ``model`` (patched with ``remap=``) that evicts every token but the
+    first ``sink_tokens`` and the last ``window``; pass it as ``past_key_values`` to the model or to
+    ``generate``. Each call may bring at most ``window`` new tokens (they must fit to attend to each other):
+    feed a longer prompt in pieces. A one-layer model's logits at each step equal a fresh forward pass of
+    the model as it was over the kept tokens (tested); deeper layers keep the hidden states each token had
+    when it came, as StreamingLLM does."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if getattr(model, "_posenc_remap_saved", None) is None:
+        raise ValueError(
+            "streaming_cache needs a model patched with posenc.hf.patch_model(model, remap=...) (remap="
+            "posenc.remap.NoRemap() for StreamingLLM itself): its cache must hold unrotated keys"
+        )
+    calls = model._posenc_remap_saved[2]
+    sink_tokens = _checks.positive_int("sink_tokens", sink_tokens, minimum=0, size=True)
+    window = _checks.positive_int("window", window, size=True)
+
+    class StreamingLayer(DynamicLayer):
+        def __init__(self):
+            super().__init__()
+            self.seen = 0  # tokens given so far, kept or not: transformers counts positions by it
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            new = key_states.shape[-2]
+            if new > window:
+                raise ValueError(
+                    f"a streaming cache takes at most window={window} new tokens per call, got {new}: feed "
+                    "the prompt in pieces"
+                )
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            room = sink_tokens + window - new  # the old tokens that can stay
+            if self.keys.numel() and self.keys.shape[-2] > room:
+                cut = self.keys.shape[-2] - (room - sink_tokens)  # the recent tokens kept start here
+                self.keys, self.values = (
+                    torch.cat((t[..., :sink_tokens, :], t[..., cut:, :]), -2)
+                    for t in (self.keys, self.values)
+                )
+            self.seen += new
+            calls["streaming"] = True  # this forward's attention places the kept keys at 0 .. n-1
+            return super().update(key_states, value_states)
+
+        def get_seq_length(self) -> int:
+            return self.seen
+
+    class StreamingCache(DynamicCache):
+        def __init__(self):
+            super(DynamicCache, self).__init__(layer_class_to_replicate=StreamingLayer)
+
+    return StreamingCache()
