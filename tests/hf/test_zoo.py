@@ -37,6 +37,7 @@ def test_each_rope_family_is_exact_or_refused(model_type):
 def test_the_table_lists_exactly_the_model_types_with_a_rotary_module():
     rows = documented_rows()
     assert sorted(rows) == TYPES, "run posenc zoo --docs docs/models.md"
+    assert {row.rsplit("|", 2)[-2].strip() for row in rows.values()} <= {"exact", "refused", ""}
     assert {row.split(" | ")[1] for row in rows.values()} <= {
         "exact",
         "exact, positions unseen",
@@ -76,6 +77,18 @@ def test_a_crash_after_patching_is_caught(monkeypatch):
     monkeypatch.setattr(posenc.hf, "patch_model", breaking)
     (result,) = zoo.sweep(["qwen2"])
     assert result.status == "accepted then crashed"
+
+
+def test_a_remap_posenc_cannot_reproduce_is_caught_when_the_replica_check_is_skipped(monkeypatch):
+    """The remap column can fail: without patch_model(remap=)'s replica check, GLM (its rotary channels
+    paired otherwise than posenc's remap rotates them) reads silently wrong; with it, it is refused."""
+    from posenc.hf import patch
+
+    (result,) = zoo.sweep(["glm"])
+    assert result.status == "exact" and result.remap == "refused"
+    monkeypatch.setattr(patch, "check_replica", lambda model, patch_fn: None)
+    (result,) = zoo.sweep(["glm"])
+    assert result.remap == "silently wrong"
 
 
 def test_the_command_prints_each_family_and_the_counts(capsys):

@@ -10,10 +10,13 @@ from collections.abc import Mapping
 
 import torch
 
+from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ._config import _get, rope_settings, rotary_from_config
 from .layers import ADAPTERS, patch_layers, unpatch_layers
 from .plan import MROPE_FAMILIES, position_plan, text_config
+from .remap import patch_remap
+from .replica import check_replica
 
 __all__ = ["consistent_cache", "patch_model", "unpatch_model"]
 
@@ -276,14 +279,7 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     if model_type in ADAPTERS or plan is not None:
         _patch_planned(model, config, model_type, rotary, plan)
         return model
-    targets = [
-        (name, module)
-        for name, module in model.named_modules()
-        if type(module).__name__.endswith("RotaryEmbedding")
-        and not isinstance(module, RotaryEmbedding)
-        and not hasattr(module, "posenc_rotary")
-        and not _places_image_patches(module)
-    ]
+    targets = _rotary_targets(model)
     if remap is not None:
         _patch_remap(model, targets, rotary, remap)
         return model
@@ -405,10 +401,20 @@ def _check_rotary(rotary, config, name: str, layout: str) -> None:
             )
 
 
-def _patch_remap(model, targets, rotary, remap) -> None:
-    from ..remap import Remap
-    from .remap import patch_remap
+def _rotary_targets(model) -> list:
+    """(name, module) of the model's rotary modules patch_model replaces (a vision tower's left alone)."""
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if type(module).__name__.endswith("RotaryEmbedding")
+        and not isinstance(module, RotaryEmbedding)
+        and not hasattr(module, "posenc_rotary")
+        and not _places_image_patches(module)
+    ]
 
+
+def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
+    """patch_model's remap path; ``check``: first on a tiny replica with a remap that moves nothing."""
     if not isinstance(remap, Remap):
         raise ValueError(f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING), got {remap!r}")
     if len(targets) != 1:
@@ -436,6 +442,10 @@ def _patch_remap(model, targets, rotary, remap) -> None:
     _check_exact(module, own, forward, name, model_type)
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
+    if check:
+        check_replica(
+            model, lambda replica: _patch_remap(replica, _rotary_targets(replica), None, NoRemap(), False)
+        )
     patch_remap(model, module, forward, own if rotary is None else rotary, remap)
 
 

@@ -36,52 +36,13 @@ from pathlib import Path
 
 import torch
 
+from .tiny import MAX_PARAMETERS, shrunk
+
 __all__ = ["FAILURES", "ZooResult", "check", "markdown", "rope_model_types", "sweep", "tiny_config"]
 
 FAILURES = ("silently wrong", "accepted then crashed", "crashed when patched")
 LENGTH = 12
 FAR = 3000
-MAX_PARAMETERS = 40_000_000  # a tiny config that is still larger than this kept a size its shrinking missed
-
-# Every size key a config may carry, made small; a config's other keys keep their defaults.
-_SIZES = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=6,  # Gemma-style patterns (five local, one global) reach a global layer
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=128,  # the width the default mrope_section lists are laid out for
-    moe_intermediate_size=64,
-    shared_expert_intermediate_size=64,
-    num_experts=4,
-    n_routed_experts=4,
-    num_local_experts=4,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-    n_group=1,
-    topk_group=1,
-    vocab_size=512,
-    n_layer=6,
-    n_head=2,
-    n_embd=256,
-    num_layers=6,
-    d_model=256,
-    depth=2,
-    embed_dim=128,
-    num_heads=2,
-    out_hidden_size=256,
-    vision_hidden_size=256,
-    vocab_size_per_layer_input=512,  # Gemma 4's per-layer embeddings
-    hidden_size_per_layer_input=16,
-    index_n_heads=2,  # DeepSeek-V3.2's sparse-attention indexer
-    ffn_hidden_size=512,
-    expert_ffn_hidden_size=64,
-    ffn_dim=512,
-    moe_num_experts=4,
-    audio_vocab_size=64,
-)
-_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
 @dataclass(frozen=True)
@@ -89,7 +50,8 @@ class ZooResult:
     """One model type's outcome. ``prefill``, ``far`` and ``decode``: max |Δlogits| against the unpatched
     model at positions 0.., near 3000 and in cached decoding of the last two tokens (None for a model
     without a cache); ``shows``: how far wrong cos/sin move the unpatched model's logits;
-    ``scale``: the largest |logit|."""
+    ``scale``: the largest |logit|. ``remap``: the outcome of ``patch_model(model, remap=)`` with a remap
+    that moves no distance (checked where the model patches exactly), and ``remap_detail`` its reason."""
 
     model_type: str
     status: str
@@ -99,10 +61,12 @@ class ZooResult:
     decode: float | None = None
     shows: float | None = None
     scale: float | None = None
+    remap: str = ""
+    remap_detail: str = ""
 
     @property
     def failed(self) -> bool:
-        return self.status in FAILURES
+        return self.status in FAILURES or self.remap in FAILURES
 
 
 def _modeling_source(model_type: str) -> str:
@@ -122,34 +86,12 @@ def rope_model_types() -> list[str]:
     return sorted(t for t in registered if "RotaryEmbedding" in _modeling_source(t))
 
 
-def _shrunk(values: dict) -> dict:
-    """The keyword arguments that make a config with these ``values`` (its ``to_dict()``) tiny."""
-    out = {}
-    layers = values.get("num_hidden_layers")
-    mla = "kv_lora_rank" in values  # DeepSeek-style latent attention: head_dim is set from its rope slice
-    for key, value in values.items():
-        if key in _SIZES and (value is None or isinstance(value, int)) and not isinstance(value, bool):
-            if not (mla and key == "head_dim"):
-                out[key] = (
-                    _SIZES["num_attention_heads"] if mla and key == "num_key_value_heads" else _SIZES[key]
-                )
-        elif key in _TOKEN_IDS and isinstance(value, int):
-            out[key] = _TOKEN_IDS[key]
-        elif isinstance(value, dict) and key.endswith("_config") and key != "per_layer_config":
-            out[key] = _shrunk(value) | ({"model_type": value["model_type"]} if "model_type" in value else {})
-        elif isinstance(layers, int) and layers > 1 and isinstance(value, list) and len(value) == layers:
-            out[key] = value[: _SIZES["num_hidden_layers"]]  # one entry per layer
-        elif key == "per_layer_config" and isinstance(value, dict):
-            out[key] = {i: c for i, c in value.items() if int(i) < _SIZES["num_hidden_layers"]}
-    return out
-
-
 def tiny_config(model_type: str):
     """The config of ``model_type`` with every size made small (defaults for everything else)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    return cls(**_shrunk(cls().to_dict()))
+    return cls(**shrunk(cls().to_dict()))
 
 
 def _model_class(model_type: str):
@@ -303,9 +245,39 @@ def check(model_type: str) -> ZooResult:
     moved = shows if math.isfinite(shows) else 0.0  # wrong cos/sin that broke the model size no allowance
     if near > max(tol, 1e-4 * moved) or far_diff > max(tol, 5e-3 * max(scale, moved)):
         return ZooResult(model_type, "silently wrong", "", **numbers)
-    if shows < 10 * tol:
-        return ZooResult(model_type, "exact, positions unseen", "", **numbers)
-    return ZooResult(model_type, "exact", "", **numbers)
+    remap, remap_detail = _remap_outcome(model, ids, want[0], want_decoded, max(tol, 1e-4 * moved))
+    status = "exact, positions unseen" if shows < 10 * tol else "exact"
+    return ZooResult(model_type, status, "", **numbers, remap=remap, remap_detail=remap_detail)
+
+
+def _remap_outcome(model, ids, want, want_decoded, tol: float) -> tuple[str, str]:
+    """``patch_model(model, remap=)`` with SelfExtend in groups of one (every distance as it is, through
+    two views) against the unpatched logits and cached decoding: exact, refused, or a failure."""
+    from posenc.remap import SelfExtend
+
+    from . import patch_model, unpatch_model
+
+    unpatch_model(model)
+    _sabotage(model)  # a rotary module the remap path left alone would show
+    try:
+        try:
+            patch_model(model, remap=SelfExtend(1, 1 << 20))
+        except ValueError as e:
+            return "refused", _short(e)
+        except Exception as e:
+            return "crashed when patched", _short(e)
+        try:
+            got = _logits(model, ids, 0)
+            got_decoded = _decoded(model, ids) if want_decoded is not None else None
+            if want_decoded is not None and got_decoded is None:
+                raise RuntimeError("cached decoding failed once patched")
+        except Exception as e:
+            return "accepted then crashed", _short(e)
+        gap = _largest([got - want] + ([] if got_decoded is None else [got_decoded - want_decoded]))
+        return ("exact", "") if gap <= tol else ("silently wrong", f"logits moved by {gap:.2g}")
+    finally:
+        unpatch_model(model)
+        _restore(model)
 
 
 def sweep(model_types=None, progress=None) -> list[ZooResult]:
@@ -337,7 +309,7 @@ def _cell(text: str) -> str:
 
 def table_row(result: ZooResult) -> str:
     """The docs table's row of one result (the numbers stay out: they move with the machine's rounding)."""
-    return f"| {result.model_type} | {result.status} | {_cell(result.detail)} |"
+    return f"| {result.model_type} | {result.status} | {_cell(result.detail)} | {result.remap} |"
 
 
 def markdown(results: list[ZooResult]) -> str:
@@ -346,13 +318,18 @@ def markdown(results: list[ZooResult]) -> str:
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    remaps: dict[str, int] = {}
+    for r in results:
+        if r.remap:
+            remaps[r.remap] = remaps.get(r.remap, 0) + 1
+    remap_summary = ", ".join(f"{status} {n}" for status, n in sorted(remaps.items(), key=lambda kv: -kv[1]))
     lines = [
         BEGIN,
         f"{len(results)} model types with a rotary module in transformers {_transformers_version()}: "
-        f"{summary}.",
+        f"{summary}. With `remap=`, of those that patch exactly: {remap_summary}.",
         "",
-        "| model type | status | why |",
-        "|---|---|---|",
+        "| model type | status | why | remap= |",
+        "|---|---|---|---|",
         *(table_row(r) for r in results),
         END,
     ]
@@ -385,6 +362,7 @@ def _command(args) -> int:
         if r.far is not None:
             decode = "" if r.decode is None else f", decode {r.decode:.1e}"
             said = f"prefill {r.prefill:.1e}, far {r.far:.1e}{decode}, wrong cos/sin {r.shows:.1e}"
+            said += f"; remap= {r.remap}" + (f" ({r.remap_detail[:80]})" if r.remap_detail else "")
         print(f"{r.model_type:<{width}}  {r.status:<26} {said}", flush=True)
 
     results = sweep(chosen, progress=None if args.quiet else show)

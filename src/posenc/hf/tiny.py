@@ -1,0 +1,71 @@
+"""Tiny models of a transformers family: a config's sizes made small, everything else kept, so that a model
+built from it runs the family's own code in milliseconds (the zoo sweep, patch_model(remap=)'s replica
+check)."""
+
+from __future__ import annotations
+
+__all__ = ["MAX_PARAMETERS", "shrunk"]
+
+MAX_PARAMETERS = 40_000_000  # a tiny config that is still larger than this kept a size its shrinking missed
+
+# Every size key a config may carry, made small; a config's other keys keep their defaults.
+_SIZES = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=6,  # Gemma-style patterns (five local, one global) reach a global layer
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,  # the width the default mrope_section lists are laid out for
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+    num_experts=4,
+    n_routed_experts=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    vocab_size=512,
+    n_layer=6,
+    n_head=2,
+    n_embd=256,
+    num_layers=6,
+    d_model=256,
+    depth=2,
+    embed_dim=128,
+    num_heads=2,
+    out_hidden_size=256,
+    vision_hidden_size=256,
+    vocab_size_per_layer_input=512,  # Gemma 4's per-layer embeddings
+    hidden_size_per_layer_input=16,
+    index_n_heads=2,  # DeepSeek-V3.2's sparse-attention indexer
+    ffn_hidden_size=512,
+    expert_ffn_hidden_size=64,
+    ffn_dim=512,
+    moe_num_experts=4,
+    audio_vocab_size=64,
+)
+_TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def shrunk(values: dict) -> dict:
+    """The keyword arguments that make a config with these ``values`` (its ``to_dict()``) tiny."""
+    out = {}
+    layers = values.get("num_hidden_layers")
+    mla = "kv_lora_rank" in values  # DeepSeek-style latent attention: head_dim is set from its rope slice
+    for key, value in values.items():
+        if key in _SIZES and (value is None or isinstance(value, int)) and not isinstance(value, bool):
+            if not (mla and key == "head_dim"):
+                out[key] = (
+                    _SIZES["num_attention_heads"] if mla and key == "num_key_value_heads" else _SIZES[key]
+                )
+        elif key in _TOKEN_IDS and isinstance(value, int):
+            out[key] = _TOKEN_IDS[key]
+        elif isinstance(value, dict) and key.endswith("_config") and key != "per_layer_config":
+            out[key] = shrunk(value) | ({"model_type": value["model_type"]} if "model_type" in value else {})
+        elif isinstance(layers, int) and layers > 1 and isinstance(value, list) and len(value) == layers:
+            out[key] = value[: _SIZES["num_hidden_layers"]]  # one entry per layer
+        elif key == "per_layer_config" and isinstance(value, dict):
+            out[key] = {i: c for i, c in value.items() if int(i) < _SIZES["num_hidden_layers"]}
+    return out
