@@ -6,18 +6,8 @@ import re
 
 import pytest
 
-from posenc.lab.config import (
-    PRESETS,
-    GPTConfig,
-    Settings,
-    TrainConfig,
-    check_choice,
-    check_choices,
-    check_int,
-    check_lengths,
-    check_number,
-    settings_for,
-)
+from posenc.lab.checks import check_choice, check_choices, check_int, check_lengths, check_number
+from posenc.lab.config import PRESETS, GPTConfig, Settings, TrainConfig, settings_for
 from posenc.lab.errors import LabError
 
 

@@ -10,9 +10,7 @@ import torch
 
 from posenc.lab.data import (
     batch_at,
-    decode,
     default_corpus,
-    encode,
     is_validation_file,
     list_files,
     load_corpus,
@@ -21,6 +19,7 @@ from posenc.lab.data import (
     windows,
 )
 from posenc.lab.errors import CorpusError
+from posenc.lab.tokenizer import decode, encode
 
 
 def test_tokens_are_the_file_bytes_split_by_file(corpus_dir, cache_dir):

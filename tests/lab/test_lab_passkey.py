@@ -6,7 +6,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.lab.data import decode
 from posenc.lab.errors import LabError
 from posenc.lab.passkey import (
     PASSKEY_STYLES,
@@ -15,6 +14,7 @@ from posenc.lab.passkey import (
     passkey_prompt,
     passkey_rows,
 )
+from posenc.lab.tokenizer import decode
 
 
 def test_passkey_prompt_has_exact_length_and_hides_the_key():

@@ -130,7 +130,7 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from posenc.cli import check_output_file
     from posenc.lab.checkpoint import load_model
-    from posenc.lab.config import check_choices, check_int
+    from posenc.lab.checks import check_choices, check_int
     from posenc.lab.data import load_corpus
     from posenc.lab.evaluate import EXTENSIONS, check_passkey_lengths, evaluate
     from posenc.lab.report import gain_table, markdown_table, past_table, sliding_table
@@ -243,8 +243,8 @@ def cmd_sample(args) -> int:
     import torch
 
     from posenc.lab.checkpoint import load_model
-    from posenc.lab.config import check_number
-    from posenc.lab.data import decode, encode
+    from posenc.lab.checks import check_number
+    from posenc.lab.tokenizer import decode, encode
 
     check_number("temperature", args.temperature, low=0, finite=True, why="0 means greedy")
     model, _ = load_model(args.ckpt, args.device)

@@ -50,7 +50,8 @@ from posenc.lab.checkpoint import (
     run_state,
     write_text_atomic,
 )
-from posenc.lab.config import Settings, check_int
+from posenc.lab.checks import check_int
+from posenc.lab.config import Settings
 from posenc.lab.data import load_corpus
 from posenc.lab.encodings import extensions_for
 from posenc.lab.evaluate import perplexities

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from posenc.lab.errors import CorpusError
+from posenc.lab.passkey import passkey_rows
 
-VOCAB_SIZE = 256
 # Bumped when the token format or the split rule changes, so stale caches are not reused.
 _CACHE_VERSION = 1
 # A file separator token between files: a NUL byte never occurs in text, so the model learns
@@ -260,8 +260,6 @@ def batch_at(
         copies = u < copy_fraction
         window[copies] = repeat_rows(window[copies])
         if passkey_fraction > 0:
-            from posenc.lab.passkey import passkey_rows  # it needs lab.config, which imports this module
-
             keys = ~copies & (u < copy_fraction + passkey_fraction)
             window[keys] = passkey_rows(window[keys], gen)
     return window[:, :-1], window[:, 1:]
@@ -309,12 +307,3 @@ def windows(tokens: np.ndarray, length: int, max_tokens: int) -> torch.Tensor:
         )
     idx = np.arange(n)[:, None] * length + np.arange(length + 1)[None, :]
     return torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
-
-
-def decode(tokens) -> str:
-    """Bytes to text, replacing invalid UTF-8 (a byte model can emit half a character)."""
-    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
-
-
-def encode(text: str) -> list[int]:
-    return list(text.encode("utf-8"))

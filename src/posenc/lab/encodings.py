@@ -21,15 +21,26 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from torch import nn
 
 import posenc
 from posenc.lab.errors import LabError
 
-if TYPE_CHECKING:
-    from posenc.lab.config import GPTConfig
+
+class GPTConfig(Protocol):
+    """What a scheme's builder reads of a model's config (:class:`posenc.lab.config.GPTConfig`, which this
+    module does not import: config imports this one to check encoding names)."""
+
+    encoding: str
+    n_head: int
+    d_model: int
+    max_len: int
+    rope_base: float
+
+    @property
+    def head_dim(self) -> int: ...
 
 
 @dataclass

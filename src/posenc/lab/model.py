@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import posenc
-from posenc.lab.config import GPTConfig, check_choice, check_number
+from posenc.lab.checks import check_choice, check_number
+from posenc.lab.config import GPTConfig
 from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, build
 from posenc.lab.errors import LabError
 from posenc.rope.frequencies import extension_scaling

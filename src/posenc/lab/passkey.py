@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc.lab.config import check_choice, check_int, check_lengths
-from posenc.lab.data import encode
+from posenc.lab.checks import check_choice, check_int, check_lengths
 from posenc.lab.errors import LabError
+from posenc.lab.tokenizer import encode
 
 __all__ = [
     "PASSKEY_FILLERS",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from posenc.lab.config import check_int, check_number
+from posenc.lab.checks import check_int, check_number
 from posenc.lab.errors import LabError
 
 __all__ = ["combine_seeds", "mean_sd", "wilson_interval"]

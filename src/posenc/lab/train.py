@@ -29,7 +29,8 @@ from posenc.lab.checkpoint import (
     run_state,
     save_checkpoint,
 )
-from posenc.lab.config import GPTConfig, TrainConfig, check_int
+from posenc.lab.checks import check_int
+from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.data import Corpus, batch_at, load_corpus
 from posenc.lab.errors import LabError
 from posenc.lab.model import GPT, next_byte_loss
