@@ -32,6 +32,7 @@ from .rope import (
     XPos,
     blockwise_causal_mask,
     convert_layout,
+    packed_positions,
     rerotate_keys,
     rope_frequencies,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "reference",
     "rope_frequencies",
     "convert_layout",
+    "packed_positions",
     "rerotate_keys",
     "RotaryKVCache",
     "StreamingKVCache",

@@ -501,6 +501,11 @@ def cope_attention(q, k, v, pos_emb, scale: float | None = None) -> np.ndarray:
     return out
 
 
+def packed_positions(lengths) -> np.ndarray:
+    """Positions of documents of these lengths packed into one row: 0..n1-1, 0..n2-1, ... (int64)."""
+    return np.concatenate([np.arange(n, dtype=np.int64) for n in lengths] or [np.zeros(0, np.int64)])
+
+
 # ---------------------------------------------------------------------------------------------- remaps
 # Training-free context extension: each function gives every (query i, key j) pair, j <= i, its remapped
 # distance (NaN above the diagonal); positions are absolute, queries the last q_len of the k_len keys.

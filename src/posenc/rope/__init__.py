@@ -6,6 +6,7 @@
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
 - :mod:`.streaming`: StreamingLLM's cache, attention-sink tokens and a recent window at cache positions;
+- :mod:`.packing`: each token's position in its own document, for packed sequences;
 - :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions;
 - :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed;
 - :mod:`.xpos`: xPos (RoPE with a per-pair decay) and the blockwise causal mask.
@@ -17,6 +18,7 @@ from .embedding import RotaryEmbedding
 from .frequencies import rope_frequencies
 from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
+from .packing import packed_positions
 from .streaming import StreamingKVCache
 from .xpos import XPos, blockwise_causal_mask
 
@@ -30,6 +32,7 @@ __all__ = [
     "blockwise_causal_mask",
     "convert_layout",
     "mrope_positions",
+    "packed_positions",
     "rerotate_keys",
     "rope_frequencies",
 ]
