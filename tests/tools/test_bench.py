@@ -262,3 +262,29 @@ def test_remap_rows_time_every_remap_against_rope_attention(monkeypatch):
     assert {"seconds", "peak_bytes", "rope_seconds", "x_rope"} <= set(child), child
     with pytest.raises(ValueError, match="remap must be one of"):
         remaps.measure("DCA", "forward", 64, 2, 16, 1)
+
+
+def test_peers_rows_compare_posenc_with_each_peer_that_agrees(monkeypatch):
+    """Every installed peer that agrees with posenc in float64 is timed forward and forward+backward, with
+    ratio quartiles; one that disagrees is reported, not timed."""
+    from posenc.tools.benchmarks import peers
+
+    real = peers._peers
+
+    def with_a_wrong_peer(layout, head_dim, start, length, dtype):
+        found = real(layout, head_dim, start, length, dtype)
+        found["off by one"] = lambda q, k: (q + 1, k)
+        return found
+
+    monkeypatch.setattr(peers, "_peers", with_a_wrong_peer)
+    rows = peers.bench_case("prefill", (1, 2, 8, 8), 3, torch.float32, "half", repeat=3)
+    timed = {(r["direction"], r["peer"]) for r in rows if "skipped" not in r}
+    for direction in ("forward", "forward+backward"):
+        assert {(direction, "transformers"), (direction, "transformers compiled")} <= timed
+    assert ("forward", "posenc out of place") in timed
+    (skipped,) = [r for r in rows if "skipped" in r]
+    assert skipped["peer"] == "off by one" and "differs from posenc by" in skipped["skipped"]
+    for r in rows:
+        if "skipped" not in r:
+            assert r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"] and r["max_abs_diff_float64"] < 1e-5
+    assert "transformers compiled" in peers.peers_table(rows)

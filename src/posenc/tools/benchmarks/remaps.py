@@ -9,7 +9,8 @@ many key/value heads: grouped-query attention, as in the models these methods se
   ``posenc`` in the same process so that their ratio (``x_rope``) sees the same load.
 
 Each remap is set for the row's length L as an extension from L / 4 would be: SelfExtend(4, L/8),
-ReRoPE(L/8), leaky ReRoPE(L/8, k=4), STRING(L/3, 128). Peak memory is what the first call added on top of
+ReRoPE(L/8), leaky ReRoPE(L/8, k=4), STRING(L/3, 128), DualChunk(L/4, L/128) (chunks of L/4 - L/128, as
+Qwen2.5-1M's proportions). Peak memory is what the first call added on top of
 q, k, v; on the CPU each row runs in a fresh process, so its peak is its own.
 """
 
@@ -36,6 +37,7 @@ REMAPS: dict[str, Callable[[int], posenc.remap.Remap]] = {
     "ReRoPE": lambda seq: posenc.ReRoPE(max(1, seq // 8)),
     "leaky ReRoPE": lambda seq: posenc.ReRoPE(max(1, seq // 8), leaky=4.0),
     "STRING": lambda seq: posenc.STRING(max(1, seq // 3), min(128, max(1, seq // 3))),
+    "DualChunk": lambda seq: posenc.DualChunk(max(2, seq // 4), max(1, seq // 128)),
 }
 
 
