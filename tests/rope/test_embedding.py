@@ -244,3 +244,15 @@ def test_a_strided_last_dimension_rotates_like_its_contiguous_copy(layout, seq):
     want = rope(strided.contiguous(), strided.contiguous())
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_on_a_decode_step_writes_the_out_of_place_rotation_into_q_and_k(layout, dtype):
+    rope = posenc.RotaryEmbedding(8, layout=layout)
+    q, k = torch.randn(2, 4, 1, 8, dtype=dtype), torch.randn(2, 2, 1, 8, dtype=dtype)
+    want = rope(q, k, offset=37)
+    got = rope(q, k, offset=37, inplace=True)
+    assert got[0] is q and got[1] is k
+    torch.testing.assert_close(q, want[0], rtol=0, atol=0)
+    torch.testing.assert_close(k, want[1], rtol=0, atol=0)

@@ -29,6 +29,7 @@ from .rotary_torch import rotate_eager, rotate_into, rotate_small
 __all__ = [
     "apply_rotary",
     "apply_rotary_qk",
+    "check_inplace",
     "rotate",
     "rotate_eager",
     "rotate_into",
@@ -119,7 +120,8 @@ def rotate(xs, cos, sin, layout: str, *, conjugate: bool = False, inplace: bool 
     return tuple(rotate_into(x, cos, sin, x if inplace else empty_output(x), layout, conjugate) for x in xs)
 
 
-def _check_inplace(xs) -> None:
+def check_inplace(xs) -> None:
+    """Refuse ``inplace=True`` for any (name, tensor) of ``xs`` that requires grad."""
     for name, x in xs:
         if torch.is_grad_enabled() and x.requires_grad:
             raise ValueError(
@@ -147,7 +149,7 @@ def _apply(xs, names, cos, sin, layout: str, inplace: bool):
         outs = tuple(rotate_eager(x, cos, sin, layout) for x in xs)
         return tuple(x.copy_(o) for x, o in zip(xs, outs, strict=True)) if inplace else outs
     if inplace:
-        _check_inplace(list(zip(names, xs, strict=True)))
+        check_inplace(list(zip(names, xs, strict=True)))
         return rotate(xs, cos, sin, layout, inplace=True)
     return RotaryFunction.apply(_rotation(cos, sin, layout), *xs)
 

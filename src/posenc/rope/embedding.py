@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..kernels import apply_rotary, apply_rotary_qk, rotate_small
+from ..kernels import apply_rotary, apply_rotary_qk, check_inplace, rotate_small
 from .frequencies import resolve_schedule
 from .table import CosSinTable, default_context
 
@@ -168,13 +168,13 @@ class RotaryEmbedding(nn.Module):
         1 + the last key position, so q and k always share one schedule.
         """
         _check_pair(self, q, k, inplace)
-        if (
-            positions is None
-            and k_positions is None
-            and not inplace
-            and _small(self, q, k, context_len, factor)
-        ):
-            return _rotate_small(self, q, k, offset)
+        if positions is None and k_positions is None and _small(self, q, k, context_len, factor):
+            if inplace:
+                check_inplace((("q", q), ("k", k)))
+            q_rot, k_rot = _rotate_small(self, q, k, offset)
+            # in place, a decode-sized tensor is cheapest rotated out of place and copied back (the blocked
+            # in-place walk costs more in per-op overhead than a copy of a few KiB)
+            return (q.copy_(q_rot), k.copy_(k_rot)) if inplace else (q_rot, k_rot)
         q_len, k_len = q.shape[-2], k.shape[-2]
         k_positions = _key_positions(q_len, k_len, positions, k_positions)
         if (
