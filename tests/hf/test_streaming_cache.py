@@ -47,7 +47,7 @@ def test_generate_streams_past_the_window_and_bad_use_is_refused():
         streaming_cache(model)
     patch_model(model, remap=NoRemap())
     cache = streaming_cache(model, sink_tokens=2, window=6)
-    out = model.generate(torch.randint(1, 128, (1, 5)), cache=cache, max_new_tokens=20, do_sample=False)
+    out = model.generate(torch.randint(1, 128, (1, 5)), cache=cache, max_new_tokens=20, min_new_tokens=20)
     assert out.shape == (1, 25) and cache.layers[0].keys.shape[-2] == 8
     with pytest.raises(ValueError, match="at most window=6 new tokens per call, got 7"):
         model(torch.randint(1, 128, (1, 7)), cache=streaming_cache(model, 2, 6), use_cache=True)
