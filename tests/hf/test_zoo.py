@@ -136,3 +136,21 @@ def test_a_plan_posenc_cannot_run_is_refused_when_patched():
     with pytest.raises(ValueError, match=r"plan layer 0: mrope_section \[40, 40, 40\] sums to 120"):
         patch_model(model, plan=bad)
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
+
+
+@pytest.mark.parametrize("scaling", sorted(zoo.SCALINGS))
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "olmo3", "gpt_neox", "gemma3_text", "qwen2_vl_text"])
+def test_scaling_variants_are_exact_or_refused(model_type, scaling):
+    """A sample of the families under each scaling method (posenc zoo --scaling runs them all)."""
+    (result,) = zoo.sweep([model_type], scaling=zoo.SCALINGS[scaling])
+    assert not result.failed, f"{model_type} with {scaling}: {result}"
+    assert result.status in ("exact", "refused"), result
+    if model_type == "llama":  # the methods moved the positions: a wrong schedule would have shown
+        assert result.status == "exact" and result.remap == "exact"
+
+
+def test_scaled_configs_carry_the_method_in_every_layer_type():
+    config = zoo.scaled(zoo.tiny_config("gemma3_text"), zoo.SCALINGS["yarn"])
+    for params in config.rope_parameters.values():
+        assert params["rope_type"] == "yarn" and params["original_max_position_embeddings"] == 131072
+    assert {p["rope_theta"] for p in config.rope_parameters.values()} == {1e4, 1e6}

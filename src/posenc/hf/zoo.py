@@ -180,13 +180,35 @@ def _short(error: BaseException, limit: int = 160) -> str:
     return f"{type(error).__name__}: {text}"[:limit] if not isinstance(error, ValueError) else text[:limit]
 
 
-def check(model_type: str) -> ZooResult:
-    """Build ``model_type`` tiny, patch it and classify it (see the module docstring)."""
+def scaled(config, scaling: dict):
+    """``config`` with ``scaling`` (a rope_type and its keys) over its RoPE parameters, per layer type too;
+    ``original_max_position_embeddings`` where a method takes it is the config's max_position_embeddings."""
+    values = config.to_dict()
+    where = values if isinstance(values.get("rope_parameters"), dict) else values.get("text_config") or {}
+    params = where.get("rope_parameters")
+    if not isinstance(params, dict):
+        raise ValueError("no rope_parameters")
+    scaling = dict(scaling)
+    if scaling.get("original_max_position_embeddings") == "max_position_embeddings":
+        scaling["original_max_position_embeddings"] = where.get("max_position_embeddings")
+    keep = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+    nested = all(isinstance(v, dict) for v in params.values())
+    layers = params.items() if nested else [(None, params)]
+    new = {key: {**{k: v for k, v in p.items() if k in keep}, **scaling} for key, p in layers}
+    where["rope_parameters"] = new if nested else new[None]
+    return type(config)(**values)
+
+
+def check(model_type: str, scaling: dict | None = None) -> ZooResult:
+    """Build ``model_type`` tiny (with ``scaling`` over its RoPE parameters, see :func:`scaled`), patch it
+    and classify it (see the module docstring)."""
     from . import patch_model
     from .patch import _takes_axis_positions
 
     try:
         config = tiny_config(model_type)
+        if scaling is not None:
+            config = scaled(config, scaling)
         with torch.device("meta"):
             size = sum(p.numel() for p in _model_class(model_type)(config).parameters())
         if size > MAX_PARAMETERS:
@@ -280,9 +302,28 @@ def _remap_outcome(model, ids, want, want_decoded, tol: float) -> tuple[str, str
         _restore(model)
 
 
-def sweep(model_types=None, progress=None) -> list[ZooResult]:
-    """:func:`check` of each of ``model_types`` (default :func:`rope_model_types`); ``progress`` is called
-    with each result."""
+# The scaling variants ``posenc zoo --scaling`` checks every type under (:func:`scaled`).
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": "max_position_embeddings",
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": "max_position_embeddings",
+    },
+}
+
+
+def sweep(model_types=None, progress=None, scaling: dict | None = None) -> list[ZooResult]:
+    """:func:`check` of each of ``model_types`` (default :func:`rope_model_types`), with ``scaling`` over
+    their RoPE parameters if given; ``progress`` is called with each result."""
     import transformers
 
     verbosity, threads = transformers.logging.get_verbosity(), torch.get_num_threads()
@@ -291,7 +332,7 @@ def sweep(model_types=None, progress=None) -> list[ZooResult]:
     try:
         results = []
         for model_type in model_types or rope_model_types():
-            results.append(check(model_type))
+            results.append(check(model_type, scaling))
             if progress is not None:
                 progress(results[-1])
         return results
@@ -365,6 +406,8 @@ def _command(args) -> int:
             said += f"; remap= {r.remap}" + (f" ({r.remap_detail[:80]})" if r.remap_detail else "")
         print(f"{r.model_type:<{width}}  {r.status:<26} {said}", flush=True)
 
+    if args.scaling:
+        return _scaling_command(chosen, args.quiet, width)
     results = sweep(chosen, progress=None if args.quiet else show)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
@@ -372,6 +415,27 @@ def _command(args) -> int:
         write_docs(Path(args.docs), results)
     failed = [r.model_type for r in results if r.failed]
     print(markdown(results).splitlines()[1])
+    if failed:
+        print(f"failures: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _scaling_command(chosen, quiet: bool, width: int) -> int:
+    """``posenc zoo --scaling``: every type under each of :data:`SCALINGS`; the counts, and each failure."""
+    failed = []
+    for name, scaling in SCALINGS.items():
+        results = sweep(chosen, scaling=scaling)
+        counts: dict[str, int] = {}
+        for r in results:
+            key = r.status + (f" (remap= {r.remap})" if r.remap else "")
+            counts[key] = counts.get(key, 0) + 1
+            if r.failed:
+                failed.append(f"{r.model_type}/{name}")
+                print(f"{r.model_type:<{width}}  {name}: {r.status}, remap= {r.remap} {r.remap_detail}")
+            elif not quiet and r.status == "refused":
+                print(f"{r.model_type:<{width}}  {name}: refused: {r.detail[:100]}")
+        summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        print(f"{name}: {summary}", flush=True)
     if failed:
         print(f"failures: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -391,4 +455,9 @@ def add_commands(subparsers) -> None:
     zoo.add_argument("--docs", help="a markdown file whose zoo table to rewrite, e.g. docs/models.md")
     zoo.add_argument("--json", help="write every result, with its numbers, to this JSON file")
     zoo.add_argument("--quiet", action="store_true", help="print only the counts")
+    zoo.add_argument(
+        "--scaling",
+        action="store_true",
+        help="check every type under linear, dynamic, yarn and llama3 scaling instead (counts per method)",
+    )
     zoo.set_defaults(func=_command)
