@@ -11,9 +11,10 @@ from posenc.hf import patch_model, rotary_from_config, unpatch_model
 REMAPS = [posenc.SelfExtend(2, 6), posenc.ReRoPE(5, leaky=3.0), posenc.STRING(8, 3)]
 
 
-def tiny_llama(layers=2):
+def _tiny(config_class, model_class, layers: int = 2, **extra):
+    """A tiny random model with sharper attention than the 0.02 init, so that positions show."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
+    config = config_class(
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -22,12 +23,27 @@ def tiny_llama(layers=2):
         num_key_value_heads=2,
         max_position_embeddings=64,
         pad_token_id=0,
+        **extra,
     )
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # sharper attention than the 0.02 init, so that positions show in the outputs
+    model = model_class(config).eval()
+    with torch.no_grad():
         for p in model.parameters():
             p.mul_(4)
     return model
+
+
+def tiny_llama(layers=2):
+    return _tiny(transformers.LlamaConfig, transformers.LlamaForCausalLM, layers)
+
+
+def decoded(model, ids, prompt: int) -> torch.Tensor:
+    """Logits of a cached prefill of ``prompt`` tokens, then one token at a time."""
+    out = model(ids[:, :prompt], use_cache=True)
+    steps = [out.logits]
+    for t in range(prompt, ids.shape[1]):
+        out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
+        steps.append(out.logits)
+    return torch.cat(steps, 1)
 
 
 @torch.no_grad()
@@ -58,12 +74,7 @@ def test_cached_decoding_is_the_full_forward_pass(remap):
     patch_model(model, remap=remap)
     ids = torch.randint(1, 128, (1, 40))
     full = model(ids).logits
-    out = model(ids[:, :25], use_cache=True)
-    steps = [out.logits]
-    for t in range(25, 40):
-        out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
-        steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(decoded(model, ids, 25), full, rtol=1e-10, atol=1e-10)
     assert model(ids, attention_mask=torch.ones_like(ids)).logits.shape == full.shape
 
 
@@ -106,26 +117,6 @@ def test_what_patch_model_with_a_remap_refuses():
     )
     with pytest.raises(ValueError, match="remap= works on single-RoPE models; gemma3_text has a per-layer"):
         patch_model(gemma, remap=posenc.ReRoPE(4))
-
-
-def _tiny(config_class, model_class, **extra):
-    torch.manual_seed(0)
-    config = config_class(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        **extra,
-    )
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(4)
-    return model
 
 
 def tiny_mistral_with_a_window():
@@ -176,12 +167,7 @@ def test_gpt_oss_with_a_remap_decodes_like_its_full_pass_and_like_posenc_attenti
     rotary = rotary_from_config(model.config)
     want = posenc.attention(q, k, v, rotary=rotary, remap=remap, scale=attn.scaling, sinks=attn.sinks)
     torch.testing.assert_close(seen["out"], attn.o_proj(want.transpose(1, 2).reshape(1, 30, 64)))
-    out = model(ids[:, :20], use_cache=True)
-    steps = [out.logits]
-    for t in range(20, 30):
-        out = model(ids[:, t : t + 1], cache=out.past_key_values, use_cache=True)
-        steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(decoded(model, ids, 20), full, rtol=1e-4, atol=1e-4)
 
 
 def test_what_the_remap_kernels_cannot_do_is_refused():

@@ -139,7 +139,9 @@ def test_a_plan_posenc_cannot_run_is_refused_when_patched():
 
 
 @pytest.mark.parametrize("scaling", sorted(zoo.SCALINGS))
-@pytest.mark.parametrize("model_type", ["llama", "qwen2", "olmo3", "gpt_neox", "gemma3_text", "qwen2_vl_text"])
+@pytest.mark.parametrize(
+    "model_type", ["llama", "qwen2", "olmo3", "gpt_neox", "gemma3_text", "qwen2_vl_text"]
+)
 def test_scaling_variants_are_exact_or_refused(model_type, scaling):
     """A sample of the families under each scaling method (posenc zoo --scaling runs them all)."""
     (result,) = zoo.sweep([model_type], scaling=zoo.SCALINGS[scaling])

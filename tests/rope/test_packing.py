@@ -5,13 +5,14 @@ bad boundaries are refused by name."""
 import numpy as np
 import pytest
 import torch
-import transformers
 from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc
 import posenc.hf
 from posenc import reference as R
+
+from ..hf.test_remap_models import tiny_llama
 
 LENGTHS = st.lists(st.integers(0, 9), min_size=1, max_size=6)
 
@@ -47,17 +48,7 @@ def test_rope_at_packed_positions_rotates_each_document_alone(lengths, layout):
 def test_a_patched_model_takes_packed_position_ids_as_the_model_does():
     """Without a cache (training), transformers reads restarting position ids as packed documents (a
     block-diagonal mask); patched, the logits are the model's own, and each document's those it has alone."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama()
     ids = torch.randint(1, 128, (1, 17))
     positions = posenc.packed_positions(cu_seqlens=torch.tensor([0, 6, 17]))[None]
     want = model(ids, position_ids=positions, use_cache=False).logits

@@ -256,7 +256,9 @@ def test_remap_rows_time_every_remap_against_rope_attention(monkeypatch):
     assert [(r["remap"], r["mode"]) for r in rows] == [(n, m) for m in biases.MODES for n in remaps.REMAPS]
     for r in rows:
         assert r["seconds"] > 0 and r["x_rope"] == pytest.approx(r["seconds"] / r["rope_seconds"])
-        assert r["peak_bytes"] >= 0 and r["parameters"].startswith(("SelfExtend(", "ReRoPE(", "STRING(", "DualChunk("))
+        assert r["peak_bytes"] >= 0 and r["parameters"].startswith(
+            ("SelfExtend(", "ReRoPE(", "STRING(", "DualChunk(")
+        )
     assert remaps.remap_table(rows).count("\n") == len(rows) + 1
     child = attention.in_child(remaps.__name__, "SelfExtend", "forward+backward", 64, 4, 16, 1)
     assert {"seconds", "peak_bytes", "rope_seconds", "x_rope"} <= set(child), child
