@@ -23,14 +23,17 @@ from .remap_blocked import Band
 __all__ = ["band_mask_mod", "remap_attention_flex"]
 
 
-def band_mask_mod(band: Band, q_start: int, k_start: int):
+def band_mask_mod(band: Band, q_start: int, k_start: int, device=None):
     """A FlexAttention ``mask_mod`` admitting ``band``'s causal pairs, for query index q_idx at absolute
     position q_start + q_idx and key index kv_idx at k_start + kv_idx."""
     lo, hi, unit = band.lo, band.hi, band.unit
     bounded = not math.isinf(hi)
+    # the starts move with every decoding step: as tensors they are data to the compiler, not constants
+    # that would compile the mask anew at each step
+    q0, k0 = (torch.tensor(start, device=device) for start in (q_start, k_start))
 
     def mask_mod(b, h, q_idx, kv_idx):
-        i, j = q_idx + q_start, kv_idx + k_start
+        i, j = q_idx + q0, kv_idx + k0
         d = (i - j) if unit == 1 else (i // unit - j // unit)
         inside = (j <= i) & (d >= lo)
         return inside & (d < int(hi)) if bounded else inside
@@ -60,7 +63,7 @@ def remap_attention_flex(
     work = torch.promote_types(qs.dtype, torch.float32)
     outs, lses = [], []
     for n, band in enumerate(bands):
-        mask = band_mask_mod(band, offset + lk - lq, offset)
+        mask = band_mask_mod(band, offset + lk - lq, offset, qs.device)
         block_mask = create_block_mask(mask, None, None, lq, lk, device=qs.device, _compile=qs.is_cuda)
         out, lse = flex_with_lse(qs[n], ks[n], v, block_mask=block_mask, scale=scale)
         outs.append(out.to(work))
