@@ -142,6 +142,26 @@ SPECS = {
         lambda m: posenc.attention(Q, Q, Q, rotary=m, positions=torch.arange(6).expand(3, 1, -1)),
         (1, 2, 6, 8),
     ),
+    "remap_attention": (
+        lambda **kw: kw,
+        dict(
+            remap=posenc.SelfExtend(2, 3),
+            offset=0,
+            scale=None,
+            block=None,
+            kernel="flash",
+            sinks=None,
+            window=None,
+        ),
+        lambda kw: posenc.remap.remap_attention(Q, Q, Q, ROPE, **kw),
+        (1, 2, 6, 8),
+    ),
+    "packed_positions": (
+        lambda **kw: kw,
+        dict(cu_seqlens=torch.tensor([0, 2, 6]), document_ids=None),
+        lambda kw: torch.cat(ROPE(Q, Q, positions=posenc.packed_positions(**kw))),
+        (2, 2, 6, 8),
+    ),
     "attention": (
         lambda **kw: kw,
         dict(rotary=ROPE, causal=True, offset=0, scale=None),

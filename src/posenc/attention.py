@@ -38,6 +38,7 @@ from .bias.base import ScoreBias
 from .bias.content import ContentBias
 from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
+from .remap.base import check_sinks
 from .rope import MRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
@@ -153,20 +154,6 @@ def _mask_tensor(bias: torch.Tensor, q: torch.Tensor, causal: bool, k_len: int):
     return mask, None
 
 
-def _check_sinks(sinks, q) -> torch.Tensor:
-    heads = q.shape[1]
-    if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or not sinks.is_floating_point():
-        got = f"shape {tuple(sinks.shape)}, {sinks.dtype}" if isinstance(sinks, torch.Tensor) else repr(sinks)
-        raise ValueError(
-            f"sinks must be a float tensor of shape ({heads},), one logit per query head; got {got}"
-        )
-    if sinks.device != q.device:
-        raise ValueError(f"sinks must be on q's device {q.device}, got {sinks.device}")
-    if _checks.can_read(sinks) and not bool(torch.isfinite(sinks).all()):
-        raise ValueError(f"sinks must be finite, got {sinks.tolist()}")
-    return sinks
-
-
 def _rotate_multimodal(rotary, q, k, positions, k_positions, offset):
     """q and k rotated by M-RoPE: queries at ``positions`` ((3, batch, q_len) or text positions), keys at
     ``k_positions`` (default: ``positions``, when q and k have one length)."""
@@ -189,7 +176,7 @@ def _rotate_multimodal(rotary, q, k, positions, k_positions, offset):
 
 def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks):
     if sinks is not None:
-        sinks = _check_sinks(sinks, q)
+        sinks = check_sinks(sinks, q)
         if not causal:
             raise ValueError("sinks= works with causal attention only")
         if remap is None:

@@ -27,7 +27,7 @@ from ..kernels.query_blocked import query_blocked_attention
 from ..kernels.remap_blocked import Band, remap_attention_blocked
 from ..kernels.remap_flex import remap_attention_flex
 
-__all__ = ["NoRemap", "Remap", "View", "remap_attention"]
+__all__ = ["NoRemap", "Remap", "View", "check_sinks", "remap_attention"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,21 @@ def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim
     return torch.matmul(weights, v.unsqueeze(2))
 
 
+def check_sinks(sinks, q) -> torch.Tensor:
+    """``sinks`` when it is a finite float tensor (heads,) on q's device, else a ValueError naming it."""
+    heads = q.shape[1]
+    if not isinstance(sinks, torch.Tensor) or sinks.shape != (heads,) or not sinks.is_floating_point():
+        got = f"shape {tuple(sinks.shape)}, {sinks.dtype}" if isinstance(sinks, torch.Tensor) else repr(sinks)
+        raise ValueError(
+            f"sinks must be a float tensor of shape ({heads},), one logit per query head; got {got}"
+        )
+    if sinks.device != q.device:
+        raise ValueError(f"sinks must be on q's device {q.device}, got {sinks.device}")
+    if _checks.can_read(sinks) and not bool(torch.isfinite(sinks).all()):
+        raise ValueError(f"sinks must be finite, got {sinks.tolist()}")
+    return sinks
+
+
 def _checked_kernel(kernel: str | None, q, k, v, sinks) -> str:
     """The kernel remap_attention runs (its docstring), refused before any work where it cannot run."""
     if kernel is None:
@@ -180,7 +195,14 @@ def remap_attention(
     only on the CPU) or "blocks" (each block of queries materialised under a checkpoint, any device);
     default "flash" on the CPU outside torch.compile, "flex" on CUDA, else "blocks".
     """
+    if not isinstance(remap, Remap):
+        raise ValueError(
+            f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING, DualChunk), got {remap!r}"
+        )
     offset = _checks.non_negative_int("offset", offset)
+    scale = None if scale is None else _checks.positive_float("scale", scale)
+    block = None if block is None else _checks.positive_int("block", block, size=True)
+    sinks = None if sinks is None else check_sinks(sinks, q)
     kernel = _checked_kernel(kernel, q, k, v, sinks)
     if window is not None:
         window = _checks.positive_int("window", window)
