@@ -74,3 +74,26 @@ def test_a_patched_model_takes_packed_position_ids_as_the_model_does():
 def test_bad_boundaries_are_refused_by_name(kwargs, message):
     with pytest.raises(ValueError, match=message):
         posenc.packed_positions(**kwargs)
+
+
+def test_m_rope_positions_of_packed_documents_each_start_at_zero():
+    from posenc.rope import mrope_positions
+
+    text = torch.zeros(1, 9, dtype=torch.long)
+    ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2]])
+    got, _ = mrope_positions(text, document_ids=ids)
+    want = posenc.packed_positions(document_ids=ids[0]).expand(3, -1)
+    torch.testing.assert_close(got[:, 0], want)
+    # two documents, each text, a 2x2 image and text: as if each were alone
+    doc = torch.tensor([0, 1, 1, 1, 1, 0, 0])
+    grids = torch.tensor([[1, 2, 2], [1, 2, 2]])
+    packed, delta = mrope_positions(
+        torch.cat([doc, doc])[None], grids, document_ids=torch.tensor([[5] * 7 + [3] * 7])
+    )
+    alone, alone_delta = mrope_positions(doc[None], grids[:1])
+    torch.testing.assert_close(packed[:, 0], torch.cat([alone[:, 0], alone[:, 0]], 1))
+    assert torch.equal(delta, alone_delta)  # decoding continues the last document
+    with pytest.raises(ValueError, match="grid \\(1, 2, 2\\) needs 4 image tokens"):
+        mrope_positions(doc[None], grids[:1], document_ids=torch.tensor([[0, 0, 0, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="document_ids must be an integer tensor of token_types' shape"):
+        mrope_positions(doc[None], grids[:1], document_ids=torch.zeros(7))

@@ -207,6 +207,7 @@ def mrope_positions(
     video_seconds=None,
     tokens_per_second: float | None = None,
     split_video_frames: bool = False,
+    document_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """M-RoPE positions of a batch of text and image/video token runs (Qwen2-VL sec. 2.1; Qwen2.5-VL
     report, arxiv.org/abs/2502.13923, sec. 2.1.3 for absolute time).
@@ -224,6 +225,9 @@ def mrope_positions(
         image_grids, video_grids: (n, 3) (t, h, w) of each image / video in patches, in order of appearance
             through the batch.
         attention_mask: (batch, seq), 0 on padding (left or right); padding gets position 0.
+        document_ids: (batch, seq) integers, for packed sequences: a change of id starts a document, whose
+            positions start again at 0 (grids are still consumed in order; see
+            :func:`posenc.packed_positions` for text alone).
 
     Returns:
         positions (3, batch, seq) long, and rope_deltas (batch, 1): the shift that continues each sequence
@@ -235,11 +239,12 @@ def mrope_positions(
     mask = torch.ones_like(types, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     positions = torch.zeros(3, *types.shape, dtype=torch.long)
     deltas = torch.zeros(types.shape[0], 1, dtype=torch.long)
+    documents = _document_ids(document_ids, types)
     for b in range(types.shape[0]):
         real = types[b][mask[b].cpu()].tolist()
-        seq = _sequence_positions(real, queues, merge)
+        seq, last = _packed_sequence_positions(real, documents[b][mask[b].cpu()].tolist(), queues, merge)
         positions[:, b, mask[b].cpu()] = seq
-        deltas[b, 0] = (int(seq.max()) + 1 if seq.numel() else 0) - len(real)
+        deltas[b, 0] = (int(last.max()) + 1 if last.numel() else 0) - last.shape[1]
     for kind, name in ((IMAGE, "image_grids"), (VIDEO, "video_grids")):
         if queues[kind]:
             raise ValueError(f"{name} has {len(queues[kind])} grid(s) left over after the last token run")
@@ -259,6 +264,32 @@ def _grid_queues(image_grids, video_grids, video_seconds, tokens_per_second, spl
         frames = [(g, s) for g, s in zip(grids[VIDEO], steps[VIDEO], strict=True) for _ in range(g[0])]
         grids[VIDEO], steps[VIDEO] = [(1, g[1], g[2]) for g, _ in frames], [s for _, s in frames]
     return {kind: list(zip(grids[kind], steps[kind], strict=True)) for kind in (IMAGE, VIDEO)}
+
+
+def _document_ids(document_ids, types: torch.Tensor) -> torch.Tensor:
+    if document_ids is None:
+        return torch.zeros_like(types)
+    if (
+        not isinstance(document_ids, torch.Tensor)
+        or document_ids.shape != types.shape
+        or document_ids.dtype.is_floating_point
+    ):
+        got = tuple(document_ids.shape) if isinstance(document_ids, torch.Tensor) else repr(document_ids)
+        raise ValueError(
+            f"document_ids must be an integer tensor of token_types' shape {tuple(types.shape)}, got {got}"
+        )
+    return document_ids.long().cpu()
+
+
+def _packed_sequence_positions(types: list[int], documents: list[int], queues, merge: int):
+    """(3, n) positions of one unpadded row, each document (a run of one id) from 0, and the last
+    document's (3, m) (what decoding continues)."""
+    parts, i = [], 0
+    while i < len(types) or not parts:
+        j = next((j for j in range(i, len(types)) if documents[j] != documents[i]), len(types))
+        parts.append(_sequence_positions(types[i:j], queues, merge))
+        i = j
+    return torch.cat(parts, dim=1), parts[-1]
 
 
 def _sequence_positions(types: list[int], queues, merge: int) -> torch.Tensor:
