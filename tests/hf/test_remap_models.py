@@ -216,3 +216,17 @@ def test_position_ids_place_the_keys_and_packed_ones_are_refused():
     with pytest.raises(ValueError, match="takes consecutive position_ids, one offset for the whole batch"):
         model(ids, position_ids=packed)
     unpatch_model(model)
+
+
+@torch.no_grad()
+def test_the_inner_model_called_directly_places_its_keys_afresh():
+    """Without the outer model's hooks, each forward still reads its own position ids."""
+    model = tiny_llama(layers=1)
+    patch_model(model, remap=posenc.SelfExtend(2, 3))
+    ids = torch.randint(1, 128, (1, 12))
+    first = model.model(ids, position_ids=torch.arange(5, 17)[None]).last_hidden_state
+    plain = model.model(ids).last_hidden_state  # positions 0..11: an offset of 5 would show
+    want = model(ids).logits
+    torch.testing.assert_close(model.lm_head(plain), want)
+    assert (first - plain).abs().max() > 1e-3
+    unpatch_model(model)

@@ -29,6 +29,10 @@ def _cos_sin(module, x, position_ids):
     rot = module.posenc_rotary
     identity = getattr(module, "posenc_identity", None)
     if identity is not None:  # patch_model(remap=): the attention rotates q and k, and checks these positions
+        # a new forward starts here (the model's rotary module runs once, before its layers), whichever
+        # module the caller ran: what the last forward learnt about positions and its cache is stale
+        identity.pop("last", None)
+        identity.pop("streaming", None)
         identity["positions"] = position_ids
         shape = (*position_ids.shape, rot.rotary_dim // 2)
         return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
