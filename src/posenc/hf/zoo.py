@@ -21,6 +21,10 @@ Each model type gets one :class:`ZooResult`:
 - the failures, which must never occur: ``silently wrong``, ``accepted then crashed`` (patched, then the
   forward raised), ``crashed when patched`` (an error other than ValueError).
 
+Where the model patches exactly, it is patched again with ``remap=`` (SelfExtend in groups of one: every
+distance as it is, through the remap kernels) and classified the same way (``ZooResult.remap``).
+``posenc zoo --scaling`` runs the sweep under each of :data:`SCALINGS` instead.
+
 ``posenc zoo`` runs the sweep and writes its table into docs/models.md; ``tests/hf/test_zoo.py`` runs it
 for every model type and fails on any failure or on a table row that says otherwise.
 """
