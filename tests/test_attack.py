@@ -49,6 +49,8 @@ def _rotate(rope):
     return torch.cat((q, k))
 
 
+ATTENTION = (1, 2, 6, 8)  # the output shape of attention over Q
+
 # name: (the callable, valid keyword arguments, what to run on what it returns, the output's shape)
 SPECS = {
     "RotaryEmbedding": (
@@ -63,43 +65,18 @@ SPECS = {
         _rotate,
         (2, 2, 6, 8),
     ),
-    "ALiBi": (posenc.ALiBi, dict(n_heads=2), _with_bias, (1, 2, 6, 8)),
+    "ALiBi": (posenc.ALiBi, dict(n_heads=2), _with_bias, ATTENTION),
     "T5Bias": (
         posenc.T5Bias,
         dict(n_heads=2, num_buckets=8, max_distance=16),
         _with_bias,
-        (1, 2, 6, 8),
+        ATTENTION,
     ),
-    "KerpleBias": (
-        posenc.KerpleBias,
-        dict(n_heads=2, kind="log"),
-        _with_bias,
-        (1, 2, 6, 8),
-    ),
-    "SandwichBias": (
-        posenc.SandwichBias,
-        dict(n_heads=2, dim=8),
-        _with_bias,
-        (1, 2, 6, 8),
-    ),
-    "FireBias": (
-        posenc.FireBias,
-        dict(n_heads=2, hidden=4, train_len=16, c=0.1),
-        _with_bias,
-        (1, 2, 6, 8),
-    ),
-    "ShawRelative": (
-        posenc.ShawRelative,
-        dict(head_dim=8, max_distance=4),
-        _with_bias,
-        (1, 2, 6, 8),
-    ),
-    "CoPE": (
-        posenc.CoPE,
-        dict(head_dim=8, npos_max=8),
-        _with_bias,
-        (1, 2, 6, 8),
-    ),
+    "KerpleBias": (posenc.KerpleBias, dict(n_heads=2, kind="log"), _with_bias, ATTENTION),
+    "SandwichBias": (posenc.SandwichBias, dict(n_heads=2, dim=8), _with_bias, ATTENTION),
+    "FireBias": (posenc.FireBias, dict(n_heads=2, hidden=4, train_len=16, c=0.1), _with_bias, ATTENTION),
+    "ShawRelative": (posenc.ShawRelative, dict(head_dim=8, max_distance=4), _with_bias, ATTENTION),
+    "CoPE": (posenc.CoPE, dict(head_dim=8, npos_max=8), _with_bias, ATTENTION),
     "SinusoidalEncoding": (
         posenc.SinusoidalEncoding,
         dict(d_model=8, base=10000.0),
@@ -112,35 +89,20 @@ SPECS = {
         lambda e: e(Q[0]),
         (2, 6, 8),
     ),
-    "SelfExtend": (
-        posenc.SelfExtend,
-        dict(group_size=2, window=2),
-        _with_remap,
-        (1, 2, 6, 8),
-    ),
-    "ReRoPE": (
-        posenc.ReRoPE,
-        dict(window=2, leaky=None, log_n_length=None),
-        _with_remap,
-        (1, 2, 6, 8),
-    ),
-    "STRING": (
-        posenc.STRING,
-        dict(shift=3, local_window=2, attention_factor=1.0),
-        _with_remap,
-        (1, 2, 6, 8),
-    ),
+    "SelfExtend": (posenc.SelfExtend, dict(group_size=2, window=2), _with_remap, ATTENTION),
+    "ReRoPE": (posenc.ReRoPE, dict(window=2, leaky=None, log_n_length=None), _with_remap, ATTENTION),
+    "STRING": (posenc.STRING, dict(shift=3, local_window=2, attention_factor=1.0), _with_remap, ATTENTION),
     "DualChunk": (
         posenc.DualChunk,
         dict(chunk_size=4, local_size=2, original_max_position_embeddings=None),
         _with_remap,
-        (1, 2, 6, 8),
+        ATTENTION,
     ),
     "MRotaryEmbedding": (
         posenc.MRotaryEmbedding,
         dict(head_dim=8, mrope_section=(2, 1, 1), base=10000.0, interleaved=False, layout="half"),
         lambda m: posenc.attention(Q, Q, Q, rotary=m, positions=torch.arange(6).expand(3, 1, -1)),
-        (1, 2, 6, 8),
+        ATTENTION,
     ),
     "remap_attention": (
         lambda **kw: kw,
@@ -154,7 +116,7 @@ SPECS = {
             window=None,
         ),
         lambda kw: posenc.remap.remap_attention(Q, Q, Q, ROPE, **kw),
-        (1, 2, 6, 8),
+        ATTENTION,
     ),
     "packed_positions": (
         lambda **kw: kw,
@@ -166,7 +128,7 @@ SPECS = {
         lambda **kw: kw,
         dict(rotary=ROPE, causal=True, offset=0, scale=None),
         lambda kw: posenc.attention(Q, Q, Q, **kw),
-        (1, 2, 6, 8),
+        ATTENTION,
     ),
 }
 

@@ -38,7 +38,6 @@ from .bias.base import ScoreBias
 from .bias.content import ContentBias
 from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
-from .remap.base import check_sinks
 from .rope import MRotaryEmbedding, RotaryEmbedding
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
@@ -176,7 +175,6 @@ def _rotate_multimodal(rotary, q, k, positions, k_positions, offset):
 
 def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks):
     if sinks is not None:
-        sinks = check_sinks(sinks, q)
         if not causal:
             raise ValueError("sinks= works with causal attention only")
         if remap is None:
@@ -212,9 +210,6 @@ def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_position
             f"remap={remap!r} takes positions from offset= (keys offset.., queries the last of them); "
             "positions= and k_positions= are not supported with it"
         )
-    scale = None if scale is None else _checks.positive_float("scale", scale)
-    if q.shape[-2] == 0:
-        return q.new_empty(*q.shape[:-1], v.shape[-1])
     return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale, sinks=sinks)
 
 

@@ -300,13 +300,9 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
             rotaries, forms = _plan_typed(module, name, config, model_type, layer_types)
             plans.append((module, rotaries, _typed_forward, forms, False))
             continue
-        form = _form(module, name, model_type)
-        settings = rope_settings(_cos_sin_config(config))
-        forward, layout = _resolve(module, form, settings)
-        rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
         # the model's own RoPE reproduced in its own hand-out form, also when ``rotary`` replaces it (the
         # form is what carries any rotary into the model)
-        _check_exact(module, rot, forward, name, model_type)
+        rot, forward, layout = _own_rotary(module, name, model_type, config, _form(module, name, model_type))
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
             rot = rotary
@@ -339,6 +335,16 @@ def _cos_sin_config(config):
     if kept.get("max_position_embeddings") == values.get("max_position_embeddings"):
         kept.pop("max_position_embeddings")
     return {**values, "rope_parameters": kept}
+
+
+def _own_rotary(module, name: str, model_type: str, config, form: str):
+    """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the pairing),
+    checked against what the module hands out itself (a ValueError unless exact)."""
+    settings = rope_settings(_cos_sin_config(config))
+    forward, layout = _resolve(module, form, settings)
+    rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+    _check_exact(module, rot, forward, name, model_type)
+    return rot, forward, layout
 
 
 def _resolve(module, form: str, settings: dict, layer_type: str | None = None):
@@ -440,10 +446,7 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
             f"remap= has no logit soft-capping; {model_type or type(model).__name__} caps its scores at "
             f"attn_logit_softcapping={softcap}"
         )
-    settings = rope_settings(config)
-    forward, layout = _resolve(module, form, settings)
-    own = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
-    _check_exact(module, own, forward, name, model_type)
+    own, forward, layout = _own_rotary(module, name, model_type, config, form)
     if rotary is not None:
         _check_rotary(rotary, config, name, layout)
     if check:

@@ -35,6 +35,7 @@ import math
 import re
 import sys
 import types
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -357,17 +358,15 @@ def table_row(result: ZooResult) -> str:
     return f"| {result.model_type} | {result.status} | {_cell(result.detail)} | {result.remap} |"
 
 
+def _tally(labels) -> str:
+    """ "label n, ..." for each label, the most frequent first."""
+    return ", ".join(f"{label} {n}" for label, n in Counter(labels).most_common())
+
+
 def markdown(results: list[ZooResult]) -> str:
     """The counts and the table of a sweep, between the markers docs/models.md keeps them in."""
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    summary = ", ".join(f"{status} {n}" for status, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    remaps: dict[str, int] = {}
-    for r in results:
-        if r.remap:
-            remaps[r.remap] = remaps.get(r.remap, 0) + 1
-    remap_summary = ", ".join(f"{status} {n}" for status, n in sorted(remaps.items(), key=lambda kv: -kv[1]))
+    summary = _tally(r.status for r in results)
+    remap_summary = _tally(r.remap for r in results if r.remap)
     lines = [
         BEGIN,
         f"{len(results)} model types with a rotary module in transformers {_transformers_version()}: "
@@ -429,16 +428,13 @@ def _scaling_command(chosen, quiet: bool, width: int) -> int:
     failed = []
     for name, scaling in SCALINGS.items():
         results = sweep(chosen, scaling=scaling)
-        counts: dict[str, int] = {}
         for r in results:
-            key = r.status + (f" (remap= {r.remap})" if r.remap else "")
-            counts[key] = counts.get(key, 0) + 1
             if r.failed:
                 failed.append(f"{r.model_type}/{name}")
                 print(f"{r.model_type:<{width}}  {name}: {r.status}, remap= {r.remap} {r.remap_detail}")
             elif not quiet and r.status == "refused":
                 print(f"{r.model_type:<{width}}  {name}: refused: {r.detail[:100]}")
-        summary = ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        summary = _tally(r.status + (f" (remap= {r.remap})" if r.remap else "") for r in results)
         print(f"{name}: {summary}", flush=True)
     if failed:
         print(f"failures: {', '.join(failed)}", file=sys.stderr)

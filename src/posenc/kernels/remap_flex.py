@@ -58,8 +58,6 @@ def remap_attention_flex(
 
     lq, lk = qs.shape[-2], ks.shape[-2]
     batch, heads = qs.shape[1], qs.shape[2]
-    if lq == 0:
-        return qs.new_zeros(batch, heads, 0, v.shape[-1])
     work = torch.promote_types(qs.dtype, torch.float32)
     outs, lses = [], []
     for n, band in enumerate(bands):

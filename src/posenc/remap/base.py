@@ -206,6 +206,8 @@ def remap_attention(
     kernel = _checked_kernel(kernel, q, k, v, sinks)
     if window is not None:
         window = _checks.positive_int("window", window)
+    if q.shape[-2] == 0:
+        return q.new_empty(*q.shape[:-1], v.shape[-1])
     lq, lk = q.shape[-2], k.shape[-2]
     if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
         reach = offset + lk if window is None else min(offset + lk, window)
