@@ -10,15 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from posenc.lab.checks import check_choice, check_choices, check_int, check_lengths, check_mix, check_number
-from posenc.lab.encodings import (
-    ENCODINGS,
-    EVEN_D_MODEL,
-    EVEN_HEAD_DIM,
-    EXTENSIONS,
-    build,
-    expand_schemes,
-    lookup,
-)
+from posenc.lab.encodings import ENCODINGS, EXTENSIONS, build, expand_schemes, lookup
 from posenc.lab.errors import LabError
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.tokenizer import VOCAB_SIZE
@@ -43,7 +35,7 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        lookup(self.encoding)
+        scheme = lookup(self.encoding)
         for name in ("n_layer", "n_head", "d_model", "max_len", "vocab_size"):
             check_int(name, getattr(self, name))
         if self.d_model % self.n_head:
@@ -51,18 +43,7 @@ class GPTConfig:
                 f"d_model={self.d_model} must be a multiple of n_head={self.n_head} (each head gets "
                 f"d_model/n_head dimensions)"
             )
-        # Only the encodings that pair dimensions need an even size, each a different one.
-        if self.encoding in EVEN_HEAD_DIM and self.head_dim % 2:
-            raise LabError(
-                f"encoding={self.encoding!r} needs an even head size: d_model={self.d_model} / "
-                f"n_head={self.n_head} = {self.head_dim} (rotary encodings rotate pairs of dimensions within "
-                f"each head)"
-            )
-        if self.encoding in EVEN_D_MODEL and self.d_model % 2:
-            raise LabError(
-                f"encoding={self.encoding!r} needs an even d_model, got {self.d_model} (each frequency fills "
-                f"a sin and a cos dimension)"
-            )
+        scheme.check(self)  # a scheme that pairs dimensions needs an even size
 
     @property
     def head_dim(self) -> int:

@@ -1,32 +1,40 @@
-"""The positional encodings the laboratory trains with, by name, and RoPE's eval-time extensions.
+"""The laboratory's positional encodings: one registry entry per scheme, owning every fact about it.
 
-Every scheme comes from the core (:mod:`posenc`) through a registry, so adding one is one decorated
-function returning the modules the model needs:
+A :class:`Scheme` is a name, a builder ``build(cfg) -> Encoding``, the names of the eval-time extensions
+that apply to it (functions of :mod:`posenc.lab.extensions`) and the size it pairs dimensions of, if any.
+Adding a scheme is one decorated function:
 
-    @register_encoding("mine")
+    @register_encoding("mine", extensions=("temp",))
     def _mine(cfg: GPTConfig) -> Encoding:
         return Encoding(input=..., rotary=..., bias=...)
 
 A researcher's own scheme needs no edit here: ``--schemes package.module:function`` (or
 ``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`).
 
-This module imports nothing of the laboratory but its errors, so :mod:`posenc.lab.config` can check an
-encoding name against :data:`ENCODINGS` without an import cycle.
+An :class:`~posenc.lab.encoding.Encoding` is everything the model reads about positions: an input
+encoding, a rotary, a score bias (shared or one per layer), randomized positions, and two modifiers that
+extensions set and that combine with the rest: an attention window (blockwise causal attention) and a
+score scale. :func:`eval_extension` applies one of a scheme's extensions to a model for a block.
+
+This module imports nothing of the laboratory above :mod:`posenc.lab.extensions`, so
+:mod:`posenc.lab.config` can check an encoding name against :data:`ENCODINGS` without an import cycle.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from torch import nn
-
 import posenc
+from posenc.lab.checks import check_choice
+from posenc.lab.encoding import Encoding
 from posenc.lab.errors import LabError
+from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 
 
 class GPTConfig(Protocol):
@@ -43,49 +51,67 @@ class GPTConfig(Protocol):
     def head_dim(self) -> int: ...
 
 
-@dataclass
-class Encoding:
-    """The positional machinery of one scheme.
+@dataclass(frozen=True)
+class Scheme:
+    """One registry entry: everything the laboratory knows about a positional scheme.
 
-    input: adds position to the embeddings, ``(B, T, D), offset -> (B, T, D)``.
-    rotary: rotates q and k in every layer (RoPE, xPos), or None.
-    bias: the attention bias passed to :func:`posenc.attention` in every layer (ALiBi, T5, KERPLE, ...), or
-        None.
-    layer_bias: for schemes with parameters of their own in each layer (Shaw et al., CoPE): a function
-        called once per layer that returns that layer's bias module; used instead of ``bias``.
-    random_positions: randomized positions (Ruoss et al. 2023, arxiv.org/abs/2305.16843): each forward pass
-        places its T tokens at a sorted random sample of T distinct positions from 0 .. n-1 (n = this
-        value, or T when T is larger), instead of 0 .. T-1. The encodings (``input``'s and ``rotary``'s)
-        must take positions. None: ordinary positions.
+    name: what ``--schemes`` and ``GPTConfig.encoding`` call it.
+    build: ``build(cfg) -> Encoding``.
+    extensions: the eval-time extensions (names of :data:`posenc.lab.extensions.EXTENSIONS`) that apply.
+    pairs: the size the scheme pairs dimensions of, which must then be even: "head_dim" (rotations pair
+        the dimensions of a head), "d_model" (the sinusoidal table those of the model), or None.
     """
 
-    input: nn.Module = field(default_factory=posenc.NoPositionalEncoding)
-    rotary: posenc.RotaryEmbedding | None = None
-    bias: nn.Module | None = None
-    layer_bias: Callable[[], nn.Module] | None = None
-    random_positions: int | None = None
+    name: str
+    build: Callable[[GPTConfig], Encoding]
+    extensions: tuple[str, ...] = ()
+    pairs: str | None = None
+
+    def __call__(self, cfg: GPTConfig) -> Encoding:
+        return self.build(cfg)
+
+    def check(self, cfg: GPTConfig) -> None:
+        """Refuse a config whose paired size is odd, naming the scheme and the sizes."""
+        if self.pairs == "head_dim" and cfg.head_dim % 2:
+            raise LabError(
+                f"encoding={self.name!r} needs an even head size: d_model={cfg.d_model} / "
+                f"n_head={cfg.n_head} = {cfg.head_dim} (rotary encodings rotate pairs of dimensions within "
+                f"each head)"
+            )
+        if self.pairs == "d_model" and cfg.d_model % 2:
+            raise LabError(
+                f"encoding={self.name!r} needs an even d_model, got {cfg.d_model} (each frequency fills "
+                f"a sin and a cos dimension)"
+            )
 
 
-ENCODINGS: dict[str, Callable[[GPTConfig], Encoding]] = {}
+ENCODINGS: dict[str, Scheme] = {}
 
 
-def register_encoding(name: str):
-    """Decorator adding ``fn(cfg) -> Encoding`` to the registry under ``name``."""
+def register_encoding(name: str, *, extensions: tuple[str, ...] = (), pairs: str | None = None):
+    """Decorator adding ``fn(cfg) -> Encoding`` to the registry as the :class:`Scheme` ``name``."""
+    if pairs not in (None, "head_dim", "d_model"):
+        raise LabError(f"pairs={pairs!r} is not known; allowed: None, 'head_dim', 'd_model'")
+    unknown = [e for e in extensions if e not in EXTENSIONS]
+    if unknown:
+        raise LabError(
+            f"extensions={list(extensions)!r}: unknown {unknown}; allowed: {', '.join(EXTENSIONS)}"
+        )
 
     def wrap(fn):
-        ENCODINGS[name] = fn
+        ENCODINGS[name] = Scheme(name, fn, tuple(extensions), pairs)
         return fn
 
     return wrap
 
 
-@register_encoding("none")
+@register_encoding("none", extensions=("temp",))
 def _none(cfg: GPTConfig) -> Encoding:
     # NoPE: a causal decoder can still infer position from the mask (Haviv et al. 2022).
     return Encoding(input=posenc.NoPositionalEncoding())
 
 
-@register_encoding("sinusoidal")
+@register_encoding("sinusoidal", pairs="d_model")
 def _sinusoidal(cfg: GPTConfig) -> Encoding:
     return Encoding(input=posenc.SinusoidalEncoding(cfg.d_model))
 
@@ -95,7 +121,7 @@ def _learned(cfg: GPTConfig) -> Encoding:
     return Encoding(input=posenc.LearnedEmbedding(cfg.max_len, cfg.d_model))
 
 
-@register_encoding("rope")
+@register_encoding("rope", extensions=ROPE_EXTENSIONS, pairs="head_dim")
 def _rope(cfg: GPTConfig) -> Encoding:
     return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base))
 
@@ -129,7 +155,7 @@ def _fire(cfg: GPTConfig) -> Encoding:
     return Encoding(bias=posenc.FireBias(cfg.n_head, train_len=cfg.max_len))
 
 
-@register_encoding("xpos")
+@register_encoding("xpos", extensions=("bca",), pairs="head_dim")
 def _xpos(cfg: GPTConfig) -> Encoding:
     # Sun et al. 2022: RoPE with a per-pair decay; evaluated past the training length with blockwise causal
     # attention (the "bca" extension), as in the paper
@@ -155,7 +181,7 @@ def _cope(cfg: GPTConfig) -> Encoding:
 RANDOM_RANGE_MULTIPLE = 16
 
 
-@register_encoding("rope-random")
+@register_encoding("rope-random", pairs="head_dim")
 def _rope_random(cfg: GPTConfig) -> Encoding:
     return Encoding(
         rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base),
@@ -163,7 +189,7 @@ def _rope_random(cfg: GPTConfig) -> Encoding:
     )
 
 
-@register_encoding("sinusoidal-random")
+@register_encoding("sinusoidal-random", pairs="d_model")
 def _sinusoidal_random(cfg: GPTConfig) -> Encoding:
     return Encoding(
         input=posenc.SinusoidalEncoding(cfg.d_model), random_positions=RANDOM_RANGE_MULTIPLE * cfg.max_len
@@ -172,21 +198,17 @@ def _sinusoidal_random(cfg: GPTConfig) -> Encoding:
 
 BUILTIN = tuple(ENCODINGS)  # the schemes above, in the order `--schemes all` runs them
 
-# The built-ins that pair dimensions, checked by GPTConfig before a model is built: rotations pair the
-# dimensions of a head, the sinusoidal table those of d_model.
-EVEN_HEAD_DIM = ("rope", "xpos", "rope-random")
-EVEN_D_MODEL = ("sinusoidal", "sinusoidal-random")
-
 
 def registered_names() -> list[str]:
     """The names registered with :func:`register_encoding`, sorted (not the imported user specs)."""
     return sorted(n for n in ENCODINGS if ":" not in n)
 
 
-def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
-    """The builder registered as ``name``. A ``"package.module:function"`` or ``"path/file.py:function"``
+def lookup(name: str) -> Scheme:
+    """The scheme registered as ``name``. A ``"package.module:function"`` or ``"path/file.py:function"``
     spec is imported and registered under that spec on first use, in every process that asks (compare's
-    workers included), so a researcher's scheme runs like the built-ins without editing posenc."""
+    workers included), so a researcher's scheme runs like the built-ins without editing posenc; it has no
+    eval-time extensions and no dimension rule."""
     if name in ENCODINGS:
         return ENCODINGS[name]
     if not isinstance(name, str) or ":" not in name:
@@ -202,8 +224,8 @@ def lookup(name: str) -> Callable[[GPTConfig], Encoding]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise LabError(f"encoding={name!r}: {where!r} has no function {attr!r} (fn(cfg) -> Encoding)")
-    ENCODINGS[name] = fn
-    return fn
+    ENCODINGS[name] = fn if isinstance(fn, Scheme) else Scheme(name, fn)
+    return ENCODINGS[name]
 
 
 def build(cfg: GPTConfig) -> Encoding:
@@ -247,25 +269,43 @@ def expand_schemes(names) -> tuple[str, ...]:
     return tuple(out)
 
 
-# RoPE eval-time context extensions (posenc.rope.frequencies.EXTENSION_METHODS): pi, position
-# interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595); ntk, NTK-aware base scaling (bloc97 2023);
-# dynamic, dynamic NTK (emozilla 2023); yarn, YaRN (Peng et al. 2023, arxiv.org/abs/2309.00071).
-ROPE_EXTENSIONS: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn")
-
-# Every eval-time extension -> the schemes it applies to. Besides RoPE's:
-# bca: blockwise causal attention, each query sees its own block of half the training length and the previous
-#   one
-#   (Sun et al. 2022, arxiv.org/abs/2212.10554, section 3.3: how xPos is evaluated past its training length);
-# temp: NoPE with a sharper softmax past the training length, scores times log(n) / log(L) at length n and
-#   training length L (Wang et al. 2024, arxiv.org/abs/2404.12224, who find NoPE's attention spreads out
-#   past L and tune one temperature; log-length scaling is Chiang & Cholak 2022, arxiv.org/abs/2202.12172).
-EXTENSIONS: dict[str, tuple[str, ...]] = {
-    **{method: ("rope",) for method in ROPE_EXTENSIONS},
-    "bca": ("xpos",),
-    "temp": ("none",),
-}
-
-
 def extensions_for(scheme: str, requested) -> list[str]:
-    """The extensions among ``requested`` (names of :data:`EXTENSIONS`) that apply to ``scheme``."""
-    return [m for m in requested if scheme in EXTENSIONS.get(m, ())]
+    """The extensions among ``requested`` that apply to ``scheme`` (its entry's ``extensions``)."""
+    own = ENCODINGS[scheme].extensions if scheme in ENCODINGS else ()
+    return [m for m in requested if m in own]
+
+
+def schemes_with(extension: str) -> list[str]:
+    """The registered schemes that ``extension`` applies to, in registration order."""
+    return [name for name, scheme in ENCODINGS.items() if extension in scheme.extensions]
+
+
+@contextmanager
+def eval_extension(model, method: str | None, factor: float, train_len: int) -> Iterator:
+    """Inside the block ``model`` (a :class:`posenc.lab.model.GPT`) uses eval-time extension ``method`` at
+    ``factor``; after, its own encoding.
+
+    Args:
+        method: a key of :data:`EXTENSIONS` that applies to the model's scheme (RoPE's pi/ntk/dynamic/yarn,
+            xPos's bca, NoPE's temp), or None for no change (so a caller evaluating with and without
+            extensions needs no branch).
+        factor: evaluation length / training length. At ``factor <= 1`` every method reduces to the model
+            as trained, so the model is left as it is.
+        train_len: the training length (YaRN's original context, BCA's block, temp's reference length).
+    """
+    if method is None:
+        yield model
+        return
+    check_choice("extension", method, EXTENSIONS)
+    if method not in lookup(model.cfg.encoding).extensions:
+        raise LabError(
+            f"extension={method!r} applies to the schemes {schemes_with(method)}; this model is "
+            f"{model.cfg.encoding!r}"
+        )
+    original = model.encoding
+    try:
+        if factor > 1:
+            model.use_encoding(EXTENSIONS[method](original, factor, train_len))
+        yield model
+    finally:
+        model.use_encoding(original)

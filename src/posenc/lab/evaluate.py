@@ -33,9 +33,9 @@ import torch.nn.functional as F
 import posenc
 from posenc.lab.checks import check_lengths
 from posenc.lab.data import sliding_windows, windows
-from posenc.lab.encodings import EXTENSIONS, extensions_for
+from posenc.lab.encodings import EXTENSIONS, eval_extension, extensions_for
 from posenc.lab.errors import LabError
-from posenc.lab.model import GPT, eval_extension
+from posenc.lab.model import GPT
 from posenc.lab.passkey import check_passkey_lengths, passkey_min_length, passkey_prompt
 from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
 from posenc.lab.tokenizer import encode

@@ -13,19 +13,19 @@ Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T,
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import posenc
-from posenc.lab.checks import check_choice, check_number
+from posenc.lab.checks import check_number
 from posenc.lab.config import GPTConfig
-from posenc.lab.encodings import EXTENSIONS, ROPE_EXTENSIONS, build
+from posenc.lab.encoding import Encoding
+from posenc.lab.encodings import build, eval_extension
 from posenc.lab.errors import LabError
-from posenc.rope.frequencies import extension_scaling
+from posenc.lab.extensions import rescaled_rotary
 
 __all__ = ["GPT", "GPTConfig", "KVCache", "eval_extension", "next_byte_loss", "rope_extension"]
 
@@ -106,12 +106,12 @@ class GPT(nn.Module):
     forward(idx (B, T) int64, cache=None) -> logits (B, T, V) float32. With a :class:`KVCache`, ``idx``
     holds only the new tokens; their positions continue from ``cache.length``.
 
-    The encoding's modules are children (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so
-    ``.to(device)`` and ``state_dict`` see them (a learned table, a bias's parameters); ``rotary``,
-    ``score_bias`` and ``layer_biases`` may be None.
-
-    Eval-time extensions (:func:`eval_extension`) set ``attention_window`` (blockwise causal attention) or
-    ``score_temperature`` (scores multiplied by it); both are off by default and have no parameters.
+    Positions come from one :class:`~posenc.lab.encodings.Encoding` (``self.encoding``), built from the
+    config's scheme; the model names no scheme and no extension. The encoding's modules are children
+    (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so ``.to(device)`` and ``state_dict`` see
+    them (a learned table, a bias's parameters); ``rotary``, ``score_bias`` and ``layer_biases`` may be
+    None. An eval-time extension (:func:`posenc.lab.encodings.eval_extension`) swaps in a changed encoding
+    with :meth:`use_encoding` and puts the trained one back.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -119,13 +119,12 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         enc = build(cfg)
-        self.pos_input, self.rotary, self.score_bias = enc.input, enc.rotary, enc.bias
+        self.pos_input, self.score_bias = enc.input, enc.bias
+        self.register_module("rotary", enc.rotary)  # the trained rotary; ``rotary`` reads the current one
         self.layer_biases = None
         if enc.layer_bias is not None:
             self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
-        self.random_positions = enc.random_positions
-        self.attention_window: int | None = None
-        self.score_temperature = 1.0
+        self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
         self._init_weights()
@@ -143,45 +142,75 @@ class GPT(nn.Module):
                     std = 0.02 / math.sqrt(2 * self.cfg.n_layer)  # GPT-2: residual branches scaled by depth
                 nn.init.normal_(p, std=std)
 
-    def set_rope_scaling(self, scaling: dict | None) -> None:
-        """Swap in an eval-time RoPE context extension (a Hugging Face ``rope_scaling`` dict, or None).
+    @property
+    def rotary(self) -> nn.Module | None:
+        """The rotary of the encoding in use (an extension's, inside :func:`eval_extension`)."""
+        return self.encoding.rotary
 
-        ``max_position_embeddings`` (what dynamic NTK treats as the trained context) is the training
-        length. Rotary has no parameters, so this changes nothing that was trained. Prefer
-        :func:`rope_extension`, which also puts the original back.
+    @property
+    def random_positions(self) -> int | None:
+        """The range randomized positions are drawn from (Ruoss et al. 2023), or None: positions 0 .. T-1."""
+        return self.encoding.random_positions
+
+    @random_positions.setter
+    def random_positions(self, value: int | None) -> None:
+        self.encoding = replace(self.encoding, random_positions=value)
+
+    @property
+    def attention_window(self) -> int | None:
+        """The encoding's blockwise-causal window (set by the "bca" extension), or None."""
+        return self.encoding.window
+
+    @property
+    def score_temperature(self) -> float:
+        """What the encoding multiplies every score by (set by the "temp" extension); 1.0 by default."""
+        return self.encoding.score_scale
+
+    def use_encoding(self, enc: Encoding) -> None:
+        """Attend with ``enc`` from now on (an extension's copy of the trained encoding); its modules are
+        moved to the model's device. Nothing trained changes: the trained modules stay the children."""
+        device = self.tok.weight.device
+        for module in (enc.input, enc.rotary, enc.bias):
+            if module is not None:
+                module.to(device)
+        self.encoding = enc
+
+    def set_rope_scaling(self, scaling: dict | None) -> None:
+        """Swap in an eval-time RoPE context extension (a Hugging Face ``rope_scaling`` dict, or None):
+        the trained rotary's RoPE with ``scaling``, ``max_position_embeddings`` the training length.
+
+        Rotary has no parameters, so this changes nothing that was trained. Prefer
+        :func:`eval_extension`, which also puts the original back.
         """
-        if self.rotary is None:
+        trained = self._modules["rotary"]
+        if trained is None:
             raise LabError(f"rope scaling needs a rope model; this model's encoding is {self.cfg.encoding!r}")
-        self.rotary = posenc.RotaryEmbedding(
-            self.cfg.head_dim,
-            base=self.cfg.rope_base,
-            scaling=scaling,
-            max_position_embeddings=self.cfg.max_len,
-        ).to(self.tok.weight.device)
+        rotary = rescaled_rotary(trained, scaling, self.cfg.max_len)
+        self.use_encoding(replace(self.encoding, rotary=rotary))
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        enc = self.encoding
         offset = cache.length if cache is not None else 0
         T = idx.shape[1]
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
-        attend: dict = {"rotary": self.rotary, "bias": self.score_bias}
-        if self.random_positions is not None:
+        positions = None
+        if enc.random_positions is not None:
             if cache is not None:
                 raise LabError("a model with randomized positions cannot decode with a KV cache")
             positions = self._random_positions(T, idx.device)
-            x = self.pos_input(x, positions=positions)
-            if self.rotary is not None:
-                attend["positions"] = positions
+            x = enc.input(x, positions=positions)
         else:
-            x = self.pos_input(x, offset=offset)
-        if self.attention_window is not None:
-            k_len = offset + T
-            attend["bias"] = posenc.blockwise_causal_mask(T, k_len, self.attention_window).to(idx.device)
-        if self.score_temperature != 1.0:
-            attend["scale"] = self.score_temperature / math.sqrt(self.cfg.head_dim)
+            x = enc.input(x, offset=offset)
+
+        def attend(bias) -> dict:
+            out = enc.attend(bias, T, offset + T, self.cfg.head_dim, idx.device)
+            if positions is not None and enc.rotary is not None:
+                out["positions"] = positions
+            return out
+
+        shared = attend(enc.bias) if self.layer_biases is None else None
         for i, block in enumerate(self.blocks):
-            if self.layer_biases is not None:
-                attend["bias"] = self.layer_biases[i]
-            x = block(x, attend, cache, i)
+            x = block(x, shared if shared is not None else attend(self.layer_biases[i]), cache, i)
         if cache is not None:
             cache.length += T
         return self.norm(x) @ self.tok.weight.T
@@ -239,45 +268,6 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator
         kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
         logits = logits.masked_fill(logits < kth, -math.inf)
     return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
-
-
-@contextmanager
-def eval_extension(model: GPT, method: str | None, factor: float, train_len: int) -> Iterator[GPT]:
-    """Inside the block ``model`` uses eval-time extension ``method`` at ``factor``; after, its own.
-
-    Args:
-        method: a key of :data:`posenc.lab.encodings.EXTENSIONS` that applies to the model's scheme (RoPE's
-            pi/ntk/dynamic/yarn, xPos's bca, NoPE's temp), or None for no change (so a caller evaluating
-            with and without extensions needs no branch).
-        factor: evaluation length / training length. At ``factor <= 1`` every method reduces to the model
-            as trained, so the model is left as it is.
-        train_len: the training length (YaRN's original context, BCA's block, temp's reference length).
-    """
-    if method is None:
-        yield model
-        return
-    check_choice("extension", method, EXTENSIONS)
-    if model.cfg.encoding not in EXTENSIONS[method]:
-        raise LabError(
-            f"extension={method!r} applies to the schemes {list(EXTENSIONS[method])}; this model is "
-            f"{model.cfg.encoding!r}"
-        )
-    original = model.rotary, model.attention_window, model.score_temperature
-    try:
-        if factor > 1:
-            if method in ROPE_EXTENSIONS:
-                model.set_rope_scaling(extension_scaling(method, factor, train_len))
-            elif method == "bca":
-                # blocks of half the training length: a query sees its own block and the previous one, so
-                # between L/2 and L keys, never more than in training (Sun et al. 2022, section 3.3)
-                model.attention_window = max(1, train_len // 2)
-            elif method == "temp":
-                if train_len < 2:
-                    raise LabError(f"extension='temp' needs train_len >= 2 (log(L) > 0), got {train_len}")
-                model.score_temperature = math.log(factor * train_len) / math.log(train_len)
-        yield model
-    finally:
-        model.rotary, model.attention_window, model.score_temperature = original
 
 
 # The name the RoPE-only version had; every extension goes through eval_extension now.

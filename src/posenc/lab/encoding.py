@@ -1,0 +1,84 @@
+"""What the laboratory's model reads about positions: one :class:`Encoding` per scheme.
+
+A scheme's builder (:mod:`posenc.lab.encodings`) returns one; an eval-time extension
+(:mod:`posenc.lab.extensions`) returns a changed copy. The model (:mod:`posenc.lab.model`) reads only this.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import nn
+
+import posenc
+from posenc.bias.base import ScoreBias
+from posenc.lab.errors import LabError
+
+__all__ = ["Encoding"]
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The positional machinery of one scheme, as the model reads it.
+
+    input: adds position to the embeddings, ``(B, T, D), offset -> (B, T, D)``.
+    rotary: rotates q and k in every layer (RoPE, xPos), or None.
+    bias: the attention bias passed to :func:`posenc.attention` in every layer (ALiBi, T5, KERPLE, ...), or
+        None.
+    layer_bias: for schemes with parameters of their own in each layer (Shaw et al., CoPE): a function
+        called once per layer that returns that layer's bias module; used instead of ``bias``.
+    random_positions: randomized positions (Ruoss et al. 2023, arxiv.org/abs/2305.16843): each forward pass
+        places its T tokens at a sorted random sample of T distinct positions from 0 .. n-1 (n = this
+        value, or T when T is larger), instead of 0 .. T-1. The encodings (``input``'s and ``rotary``'s)
+        must take positions. None: ordinary positions.
+    window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
+        of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
+    score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
+
+    Extensions return a changed copy (``dataclasses.replace``); the modifiers combine: two windows keep the
+    narrower, two scales multiply (:meth:`narrowed`, :meth:`scaled`).
+    """
+
+    input: nn.Module = field(default_factory=posenc.NoPositionalEncoding)
+    rotary: nn.Module | None = None
+    bias: nn.Module | None = None
+    layer_bias: Callable[[], nn.Module] | None = None
+    random_positions: int | None = None
+    window: int | None = None
+    score_scale: float = 1.0
+
+    def narrowed(self, window: int) -> Encoding:
+        """This encoding with blockwise causal attention of ``window`` (the narrower of two windows)."""
+        return replace(self, window=window if self.window is None else min(self.window, window))
+
+    def scaled(self, factor: float) -> Encoding:
+        """This encoding with every attention score multiplied by ``factor`` more."""
+        return replace(self, score_scale=self.score_scale * factor)
+
+    def attend(self, bias, q_len: int, k_len: int, head_dim: int, device) -> dict:
+        """The keyword arguments of :func:`posenc.attention` for one layer whose bias is ``bias``
+        (``self.bias`` or the layer's own): the rotary, the bias with the window applied, the score scale."""
+        out: dict = {"rotary": self.rotary, "bias": bias}
+        if self.window is not None:
+            out["bias"] = _windowed(bias, posenc.blockwise_causal_mask(q_len, k_len, self.window).to(device))
+        if self.score_scale != 1.0:
+            out["scale"] = self.score_scale / math.sqrt(head_dim)
+        return out
+
+
+def _windowed(bias, mask: torch.Tensor):
+    """``bias`` restricted to the keys ``mask`` (q_len, k_len) allows: the mask itself without a bias, a
+    score bias (ALiBi, T5, ...) materialised with -inf outside the mask; refused for a bias that reads the
+    queries (Shaw et al., CoPE), which cannot be materialised."""
+    if bias is None:
+        return mask
+    if isinstance(bias, (posenc.ALiBi, ScoreBias)):
+        scores = bias.bias(mask.shape[0], mask.shape[1], causal=True)  # (heads, q_len, k_len)
+        return scores.masked_fill(~mask, -math.inf)
+    raise LabError(
+        f"an attention window cannot be combined with a {type(bias).__name__}: its bias depends on the "
+        "queries and keys, so it cannot be materialised under the window"
+    )

@@ -1,0 +1,103 @@
+"""Eval-time context extensions: each one function ``(Encoding, factor, train_len) -> Encoding``.
+
+An extension changes how a trained model attends past its training length without changing a weight: it
+returns a copy of the model's :class:`~posenc.lab.encodings.Encoding` with another rotary, a window or a
+score scale, and those modifiers combine. Which extensions apply to a scheme is that scheme's fact (its
+registry entry's ``extensions``); :func:`posenc.lab.encodings.eval_extension` applies one to a model for
+the length of a block.
+Adding one is one decorated function:
+
+    @register_extension("mine")
+    def _mine(enc: Encoding, factor: float, train_len: int) -> Encoding:
+        return enc.scaled(...)
+
+and its name in the ``extensions`` of the schemes it applies to.
+
+The methods: pi, position interpolation (Chen et al. 2023, arxiv.org/abs/2306.15595); ntk, NTK-aware base
+scaling (bloc97 2023); dynamic, dynamic NTK (emozilla 2023); yarn, YaRN (Peng et al. 2023,
+arxiv.org/abs/2309.00071); bca, blockwise causal attention, each query seeing its own block of half the
+training length and the previous one (Sun et al. 2022, arxiv.org/abs/2212.10554, section 3.3: how xPos
+is evaluated past its training length); temp, NoPE with a sharper softmax past the training length, scores
+times log(n) / log(L) at length n and training length L (Wang et al. 2024, arxiv.org/abs/2404.12224, who
+find NoPE's attention spreads out past L and tune one temperature; log-length scaling is Chiang & Cholak
+2022, arxiv.org/abs/2202.12172).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+import posenc
+from posenc.lab.encoding import Encoding
+from posenc.lab.errors import LabError
+from posenc.rope.frequencies import extension_scaling
+
+__all__ = ["EXTENSIONS", "ROPE_EXTENSIONS", "register_extension", "rescaled_rotary"]
+
+# RoPE's methods, by their short names (posenc.rope.frequencies.EXTENSION_METHODS)
+ROPE_EXTENSIONS: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn")
+
+Extension = Callable[[Encoding, float, int], Encoding]
+EXTENSIONS: dict[str, Extension] = {}
+
+
+def register_extension(name: str):
+    """Decorator adding ``fn(encoding, factor, train_len) -> Encoding`` to :data:`EXTENSIONS` as ``name``."""
+
+    def wrap(fn: Extension) -> Extension:
+        EXTENSIONS[name] = fn
+        return fn
+
+    return wrap
+
+
+def rescaled_rotary(rotary, scaling: dict | None, train_len: int) -> posenc.RotaryEmbedding:
+    """``rotary``'s RoPE (its head size, rotary dimension, base and layout) with the Hugging Face
+    ``scaling`` dict, ``max_position_embeddings`` the training length (what dynamic NTK treats as the
+    trained context); a LabError for a rotary that is not plain RoPE (xPos's decay would be lost)."""
+    if type(rotary) is not posenc.RotaryEmbedding:
+        raise LabError(
+            "rope scaling rescales a posenc.RotaryEmbedding; this encoding's rotary is "
+            f"{type(rotary).__name__ if rotary is not None else None}"
+        )
+    return posenc.RotaryEmbedding(
+        rotary.head_dim,
+        base=rotary.base,
+        rotary_dim=rotary.rotary_dim,
+        layout=rotary.layout,
+        scaling=scaling,
+        max_position_embeddings=train_len,
+    )
+
+
+def _rope_method(method: str) -> Extension:
+    def extend(enc: Encoding, factor: float, train_len: int) -> Encoding:
+        scaling = extension_scaling(method, factor, train_len)
+        return replace(enc, rotary=rescaled_rotary(enc.rotary, scaling, train_len))
+
+    extend.__name__ = extend.__qualname__ = f"rope_{method}"
+    extend.__doc__ = (
+        f"RoPE with the {method!r} frequencies (:func:`posenc.rope.frequencies.extension_scaling`)."
+    )
+    return extend
+
+
+for _method in ROPE_EXTENSIONS:
+    register_extension(_method)(_rope_method(_method))
+
+
+@register_extension("bca")
+def blockwise_causal(enc: Encoding, factor: float, train_len: int) -> Encoding:
+    """Blocks of half the training length: a query sees its own block and the previous one, so between
+    L/2 and L keys, never more than in training (Sun et al. 2022, section 3.3)."""
+    return enc.narrowed(max(1, train_len // 2))
+
+
+@register_extension("temp")
+def log_length_temperature(enc: Encoding, factor: float, train_len: int) -> Encoding:
+    """Scores times log(factor * L) / log(L) (Chiang & Cholak 2022; Wang et al. 2024 for NoPE)."""
+    if train_len < 2:
+        raise LabError(f"extension='temp' needs train_len >= 2 (log(L) > 0), got {train_len}")
+    return enc.scaled(math.log(factor * train_len) / math.log(train_len))
