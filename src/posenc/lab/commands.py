@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from posenc.cli import guarded, positive_int
+from posenc.lab import defaults as D
+from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
 
 
 def _int_list(text: str) -> list[int]:
@@ -132,7 +134,8 @@ def cmd_eval(args) -> int:
     from posenc.lab.checkpoint import load_model
     from posenc.lab.checks import check_choices, check_int
     from posenc.lab.data import load_corpus
-    from posenc.lab.evaluate import EXTENSIONS, check_passkey_lengths, evaluate
+    from posenc.lab.evaluate import EXTENSIONS, evaluate
+    from posenc.lab.passkey import check_passkey_lengths
     from posenc.lab.report import gain_table, markdown_table, past_table, sliding_table
 
     _check_paths(args)
@@ -143,7 +146,7 @@ def cmd_eval(args) -> int:
         check_passkey_lengths(args.passkey_lens, args.passkey_digits, args.passkey_style)
     model, state = load_model(args.ckpt, args.device)
     train_len = model.cfg.max_len
-    lens = args.lens or [train_len * m for m in (1, 2, 4, 8)]
+    lens = args.lens or [train_len * m for m in D.EVAL_COMMAND_MULTS]
     exts = tuple(args.extensions) if args.extensions is not None else tuple(EXTENSIONS)
     check_choices("extensions", exts, EXTENSIONS, empty_ok=True)
     corpus = args.corpus or state.get("corpus")
@@ -192,47 +195,26 @@ def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
     """Passkey accuracy at ``--passkey-lens`` with its 95% Wilson interval, plain and with each extension
     that applies; printed and returned as ``{method: {"<len>": {"accuracy", "hits", "trials", "ci95"}}}``."""
     from posenc.lab.encodings import extensions_for
-    from posenc.lab.evaluate import passkey_hits
-    from posenc.lab.stats import wilson_interval
+    from posenc.lab.passkey import passkey_report
 
-    methods = [None, *extensions_for(model.cfg.encoding, exts)]
-    trials = args.passkey_trials
-    out = {}
-    for ext in methods:
-        hits = passkey_hits(
-            model,
-            args.passkey_lens,
-            trials=trials,
-            digits=args.passkey_digits,
-            seed=args.seed,
-            extension=ext,
-            style=args.passkey_style,
-            filler=val if args.passkey_filler == "corpus" else None,
-        )
-        out[ext or "plain"] = {
-            str(n): None
-            if h is None
-            else {
-                "accuracy": h / trials,
-                "hits": h,
-                "trials": trials,
-                "ci95": list(wilson_interval(h, trials)),
-            }
-            for n, h in hits.items()
-        }
+    report = passkey_report(
+        model,
+        args.passkey_lens,
+        [None, *extensions_for(model.cfg.encoding, exts)],
+        trials=args.passkey_trials,
+        filler=val if args.passkey_filler == "corpus" else None,
+        digits=args.passkey_digits,
+        seed=args.seed,
+        style=args.passkey_style,
+    )
     print(
         f"\npasskey retrieval, {args.passkey_digits}-digit key, {args.passkey_style!r} prompt, "
-        f"{args.passkey_filler} filler (greedy, exact match; accuracy [95% Wilson interval] of {trials}):"
+        f"{args.passkey_filler} filler (greedy, exact match; accuracy [95% Wilson interval] of "
+        f"{args.passkey_trials}):"
     )
-    for k, d in out.items():
-        cells = [
-            f"@{n}: n/a"
-            if v is None
-            else f"@{n}: {v['accuracy']:.2f} [{v['ci95'][0]:.2f}, {v['ci95'][1]:.2f}]"
-            for n, v in d.items()
-        ]
-        print(f"  {k:8s} " + "  ".join(cells))
-    return out
+    for method, results in report.items():
+        print(f"  {method:8s} " + "  ".join(r.cell() for r in results))
+    return {method: {str(r.length): r.to_json() for r in results} for method, results in report.items()}
 
 
 # ---------------------------------------------------------------------------------------------- sample
@@ -322,16 +304,22 @@ def _add_train(subparsers) -> None:
     )
     p.add_argument("--out", required=True, help="run directory (checkpoints, run.json); created if missing")
     _data_args(p)
-    p.add_argument("--train-len", type=positive_int, default=64, help="training sequence length (bytes)")
-    p.add_argument("--steps", type=positive_int, default=600, help="optimizer steps")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="global batch, split across DDP ranks")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup", type=int, default=50, help="linear warmup steps, then cosine decay")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
     p.add_argument(
-        "--grad-clip", type=float, default=1.0, help="clip the gradient norm to this; 0 turns it off"
+        "--train-len", type=positive_int, default=D.TRAIN_LEN, help="training sequence length (bytes)"
     )
-    p.add_argument("--seed", type=int, default=0, help="initialisation and batch order")
+    p.add_argument("--steps", type=positive_int, default=D.STEPS, help="optimizer steps")
+    p.add_argument(
+        "--batch-size", type=positive_int, default=D.BATCH_SIZE, help="global batch, split across DDP ranks"
+    )
+    p.add_argument("--lr", type=float, default=D.LR, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup", type=int, default=D.WARMUP, help="linear warmup steps, then cosine decay")
+    p.add_argument(
+        "--weight-decay", type=float, default=D.WEIGHT_DECAY, help="AdamW weight decay on matrices"
+    )
+    p.add_argument(
+        "--grad-clip", type=float, default=D.GRAD_CLIP, help="clip the gradient norm to this; 0 turns it off"
+    )
+    p.add_argument("--seed", type=int, default=D.SEED, help="initialisation and batch order")
     p.add_argument(
         "--copy-fraction",
         type=float,
@@ -345,11 +333,12 @@ def _add_train(subparsers) -> None:
         help="share of training windows made into passkey prompts with their answer (teaches retrieval), "
         "0..1; with --copy-fraction at most 1 in all",
     )
-    p.add_argument("--n-layer", type=positive_int, default=4, help="transformer blocks")
-    # 8 heads: ALiBi's slopes 2^(-8h/H) were chosen for 8 (Press et al. 2021), and docs/lab.md uses 8.
-    p.add_argument("--n-head", type=positive_int, default=8, help="attention heads")
-    p.add_argument("--d-model", type=positive_int, default=128, help="model width")
-    p.add_argument("--ckpt-every", type=positive_int, default=100, help="checkpoint interval in steps")
+    p.add_argument("--n-layer", type=positive_int, default=D.N_LAYER, help="transformer blocks")
+    p.add_argument("--n-head", type=positive_int, default=D.N_HEAD, help="attention heads")
+    p.add_argument("--d-model", type=positive_int, default=D.D_MODEL, help="model width")
+    p.add_argument(
+        "--ckpt-every", type=positive_int, default=D.CKPT_EVERY, help="checkpoint interval in steps"
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -377,9 +366,14 @@ def _add_eval(subparsers) -> None:
     p.add_argument("ckpt", help="run directory or checkpoint directory")
     _data_args(p)
     p.add_argument(
-        "--lens", type=_int_list, help="evaluation lengths, e.g. 64,128,256 (default 1,2,4,8 x train length)"
+        "--lens",
+        type=_int_list,
+        help="evaluation lengths, e.g. 64,128,256 (default "
+        f"{','.join(map(str, D.EVAL_COMMAND_MULTS))} x train length)",
     )
-    p.add_argument("--eval-tokens", type=positive_int, default=32768, help="validation tokens per length")
+    p.add_argument(
+        "--eval-tokens", type=positive_int, default=D.EVAL_TOKENS, help="validation tokens per length"
+    )
     p.add_argument(
         "--extensions",
         type=_str_list,
@@ -387,34 +381,41 @@ def _add_eval(subparsers) -> None:
         "pi,ntk,dynamic,yarn for rope, bca for xpos, temp for none)",
     )
     p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
-    p.add_argument("--passkey-trials", type=positive_int, default=8, help="passkey prompts per length")
-    p.add_argument("--passkey-digits", type=positive_int, default=3, help="digits of the hidden key")
+    p.add_argument(
+        "--passkey-trials",
+        type=positive_int,
+        default=D.EVAL_COMMAND_PASSKEY_TRIALS,
+        help="passkey prompts per length",
+    )
+    p.add_argument(
+        "--passkey-digits", type=positive_int, default=D.PASSKEY_DIGITS, help="digits of the hidden key"
+    )
     p.add_argument(
         "--passkey-style",
-        choices=["code", "sentences"],
-        default="code",
+        choices=sorted(PASSKEY_STYLES),
+        default=D.PASSKEY_STYLE,
         help="code: a Python assignment and assert (34 bytes besides the key), short enough to ask inside "
         "the training length; sentences: Mohtashami & Jaggi's needle and question (87 bytes besides the key)",
     )
     p.add_argument(
         "--passkey-filler",
-        choices=["corpus", "repeat"],
-        default="corpus",
+        choices=sorted(PASSKEY_FILLERS),
+        default=D.PASSKEY_FILLER,
         help="corpus: filler drawn from the validation text (in distribution); repeat: repeated sentences",
     )
     p.add_argument(
         "--sliding-tokens",
         type=positive_int,
-        default=2048,
+        default=D.SLIDING_TOKENS,
         help="tokens the sliding protocol scores per length",
     )
     p.add_argument(
         "--probe-windows",
         type=int,
-        default=48,
+        default=D.PROBE_WINDOWS,
         help="windows per length of the far-context-gain and copy probes; 0 skips them",
     )
-    p.add_argument("--seed", type=int, default=0, help="the passkey keys and depths")
+    p.add_argument("--seed", type=int, default=D.SEED, help="the passkey keys and depths")
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=cmd_eval)
 
@@ -501,8 +502,8 @@ def _add_compare(subparsers) -> None:
     p.add_argument(
         "--passkey-trials",
         type=int,
-        help="passkey prompts per length and model (a 3-digit key in corpus text); 0 skips passkey "
-        "(default: 40)",
+        help=f"passkey prompts per length and model (a {D.PASSKEY_DIGITS}-digit key in corpus text); 0 skips "
+        f"passkey (default: {D.PASSKEY_TRIALS})",
     )
     _compile_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")

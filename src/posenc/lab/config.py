@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from posenc.lab import defaults as D
 from posenc.lab.checks import check_choice, check_choices, check_int, check_lengths, check_mix, check_number
 from posenc.lab.encodings import ENCODINGS, EXTENSIONS, build, expand_schemes, lookup
 from posenc.lab.errors import LabError
@@ -27,12 +28,12 @@ class GPTConfig:
     """
 
     encoding: str = "rope"
-    n_layer: int = 4
-    n_head: int = 4
-    d_model: int = 128
-    max_len: int = 64
+    n_layer: int = D.N_LAYER
+    n_head: int = D.N_HEAD
+    d_model: int = D.D_MODEL
+    max_len: int = D.TRAIN_LEN
     vocab_size: int = VOCAB_SIZE
-    rope_base: float = 10000.0
+    rope_base: float = D.ROPE_BASE
 
     def __post_init__(self):
         scheme = lookup(self.encoding)
@@ -68,14 +69,14 @@ class GPTConfig:
 class TrainConfig:
     """Optimisation settings. ``batch_size`` is the global batch (split across DDP ranks)."""
 
-    steps: int = 1000
-    batch_size: int = 32
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 50
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    seed: int = 0
+    steps: int = D.STEPS
+    batch_size: int = D.BATCH_SIZE
+    lr: float = D.LR
+    min_lr_ratio: float = D.MIN_LR_RATIO
+    warmup: int = D.WARMUP
+    weight_decay: float = D.WEIGHT_DECAY
+    grad_clip: float = D.GRAD_CLIP
+    seed: int = D.SEED
     copy_fraction: float = 0.0  # share of training windows whose second half repeats the first
     passkey_fraction: float = 0.0  # share of training windows made into passkey prompts with the answer
 
@@ -101,27 +102,27 @@ COMPARE_EXTENSIONS = ("pi", "ntk", "yarn", "bca", "temp")
 class Settings:
     """Everything that defines a comparison. Presets are instances; CLI flags override fields."""
 
-    train_len: int = 64
-    eval_mults: tuple[int, ...] = (1, 2, 4, 8, 16)
-    steps: int = 1200
-    batch_size: int = 16
-    lr: float = 3e-3
-    warmup: int = 50
-    n_layer: int = 4
-    n_head: int = 8
-    d_model: int = 128
-    eval_tokens: int = 32768
-    seed: int = 0
+    train_len: int = D.TRAIN_LEN
+    eval_mults: tuple[int, ...] = D.EVAL_MULTS
+    steps: int = D.STEPS
+    batch_size: int = D.BATCH_SIZE
+    lr: float = D.LR
+    warmup: int = D.WARMUP
+    n_layer: int = D.N_LAYER
+    n_head: int = D.N_HEAD
+    d_model: int = D.D_MODEL
+    eval_tokens: int = D.EVAL_TOKENS
+    seed: int = D.SEED
     schemes: tuple[str, ...] = SCHEMES
     extensions: tuple[str, ...] = COMPARE_EXTENSIONS
-    ckpt_every: int = 100
+    ckpt_every: int = D.CKPT_EVERY
     seeds: int = 1  # models per scheme, seeds seed .. seed + seeds - 1 (init and batch order)
     protocols: tuple[str, ...] = PROTOCOLS  # evaluation protocols reported (posenc.lab.protocols)
-    sliding_tokens: int = 2048  # tokens scored by the sliding protocol at each length
-    probe_windows: int = 48  # windows per length of the far-context-gain and copy probes; 0: no probes
+    sliding_tokens: int = D.SLIDING_TOKENS
+    probe_windows: int = D.PROBE_WINDOWS  # 0: no probes
     copy_fraction: float = 0.0
     passkey_fraction: float = 0.0
-    passkey_trials: int = 40  # passkey prompts per length (a 3-digit key, corpus filler); 0: none
+    passkey_trials: int = D.PASSKEY_TRIALS  # 0: none
 
     def __post_init__(self):
         check_int("seeds", self.seeds)
@@ -183,9 +184,10 @@ class Settings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
 
-PRESETS: dict[str, Settings] = {
+# Each preset is what it changes of Settings' defaults (posenc.lab.defaults).
+PRESET_OVERRIDES: dict[str, dict] = {
     # Seconds, for tests: proves the pipeline, measures nothing.
-    "tiny": Settings(
+    "tiny": dict(
         train_len=16,
         eval_mults=(1, 2, 4),
         steps=4,
@@ -201,25 +203,24 @@ PRESETS: dict[str, Settings] = {
         passkey_trials=4,
     ),
     # The default: every scheme on a laptop CPU (docs/lab.md has the measured wall time).
-    "quick": Settings(),
+    "quick": {},
     # Long enough that sinusoidal, learned, rope and alibi end within 10% of each other in distribution
     # (the quick preset's gap is training time); under 40 min on 2 CPU cores (docs/lab.md).
-    "standard": Settings(steps=6000, ckpt_every=250),
+    "standard": dict(steps=6000, ckpt_every=250),
     # A GPU (--device cuda): longer training length, bigger model, more steps and evaluation tokens.
-    "gpu": Settings(
+    "gpu": dict(
         train_len=256,
-        eval_mults=(1, 2, 4, 8, 16),
         steps=4000,
         batch_size=64,
         lr=1e-3,
         warmup=200,
         n_layer=6,
-        n_head=8,
         d_model=384,
         eval_tokens=262144,
         ckpt_every=500,
     ),
 }
+PRESETS: dict[str, Settings] = {name: Settings(**kw) for name, kw in PRESET_OVERRIDES.items()}
 
 
 def settings_for(preset: str, **overrides) -> Settings:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import math
-import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,14 +30,20 @@ import torch
 import torch.nn.functional as F
 
 import posenc
+from posenc.lab import defaults as D
 from posenc.lab.checks import check_lengths
 from posenc.lab.data import sliding_windows, windows
 from posenc.lab.encodings import EXTENSIONS, eval_extension, extensions_for
-from posenc.lab.errors import LabError
+from posenc.lab.measures import MEASURE_NAMES
 from posenc.lab.model import GPT
-from posenc.lab.passkey import check_passkey_lengths, passkey_min_length, passkey_prompt
+from posenc.lab.passkey import (
+    answered,
+    passkey_accuracy,
+    passkey_batch,
+    passkey_hits,
+    passkey_share,
+)
 from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
-from posenc.lab.tokenizer import encode
 
 __all__ = [
     "EXTENSIONS",
@@ -72,14 +77,8 @@ def position_losses(model: GPT, data: torch.Tensor, *, tokens_per_batch: int = 1
     return torch.cat(out)
 
 
-# The copy probe runs at evaluation lengths up to this multiple of the training length.
-COPY_PROBE_MAX_MULT = 2
 # Row fields holding a value per length, in the order results.json lists them.
-METRICS = ("ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "passkey")
-# The passkey the comparison asks at each length: a 3-digit key in the code prompt, corpus filler, the
-# same prompts for every model (docs/lab.md).
-PASSKEY_DIGITS = 3
-PASSKEY_STYLE = "code"
+METRICS = MEASURE_NAMES
 
 
 @dataclass
@@ -118,13 +117,13 @@ def perplexities(
     eval_lens: list[int],
     *,
     train_len: int,
-    max_tokens: int = 32768,
+    max_tokens: int = D.EVAL_TOKENS,
     extension: str | None = None,
     progress=None,
     protocols: tuple[str, ...] = ("windows", "past"),
-    sliding_tokens: int = 2048,
+    sliding_tokens: int = D.SLIDING_TOKENS,
     probe_windows: int = 0,
-    probe_last: int = 32,
+    probe_last: int = D.PROBE_LAST,
     passkey_trials: int = 0,
 ) -> Row:
     """Perplexity of ``model`` at each length in ``eval_lens`` under each protocol, and the probes.
@@ -140,8 +139,7 @@ def perplexities(
             those after the first ``max(eval_lens)``).
         probe_windows: windows per length for the far-context gain and copy probes; 0 skips them.
         probe_last: how many last tokens of each window the gain probe scores.
-        passkey_trials: passkey prompts per length (:data:`PASSKEY_DIGITS` digits, :data:`PASSKEY_STYLE`
-            prompt, filler from ``val``; the same prompts for every model); 0 skips them.
+        passkey_trials: passkey prompts per length (:func:`posenc.lab.passkey.passkey_share`); 0 skips them.
     """
     eval_lens = check_lengths("eval_lens", eval_lens)
     row = Row(scheme=model.cfg.encoding + (f"+{extension}" if extension else ""))
@@ -158,7 +156,7 @@ def perplexities(
                 if probe_windows:
                     _probes(row, run, losses, val, length, train_len, probe_windows, probe_last)
                 if passkey_trials:
-                    row.passkey[length] = _passkey(model, val, length, passkey_trials)
+                    row.passkey[length] = passkey_share(model, val, length, passkey_trials)
             except posenc.PositionError as e:
                 for name in METRICS:
                     getattr(row, name).setdefault(length, None)
@@ -189,18 +187,10 @@ def _probes(row: Row, run, losses, val, length, train_len, n_windows, last) -> N
     """
     rows = probe_windows(val, length, min(n_windows, losses.shape[0]))
     row.gain[length] = far_context_gain(run, rows, train_len, last=last, full_losses=losses)
-    if length <= COPY_PROBE_MAX_MULT * train_len:
+    if length <= D.COPY_PROBE_MAX_MULT * train_len:
         row.copy_first[length], row.copy_repeat[length] = copy_probe(
             run, probe_windows(val, length, n_windows)
         )
-
-
-def _passkey(model: GPT, val: np.ndarray, length: int, trials: int) -> float | None:
-    """The share of ``trials`` passkey prompts of ``length`` answered exactly; None when too short."""
-    if length < passkey_min_length(PASSKEY_DIGITS, PASSKEY_STYLE):
-        return None
-    rows, answer = passkey_batch(length, trials, digits=PASSKEY_DIGITS, style=PASSKEY_STYLE, filler=val)
-    return answered(model, rows, answer).double().mean().item()
 
 
 def evaluate(
@@ -209,7 +199,7 @@ def evaluate(
     eval_lens: list[int],
     *,
     train_len: int,
-    max_tokens: int = 32768,
+    max_tokens: int = D.EVAL_TOKENS,
     extensions: tuple[str, ...] = tuple(EXTENSIONS),
     progress=None,
     **measures,
@@ -233,95 +223,3 @@ def evaluate(
         )
         for ext in methods
     ]
-
-
-# ---------------------------------------------------------------------------------------------- passkey
-
-
-def passkey_batch(
-    length: int,
-    trials: int,
-    *,
-    digits: int,
-    seed: int = 0,
-    style: str = "code",
-    filler: np.ndarray | None = None,
-) -> tuple[torch.Tensor, int]:
-    """``trials`` passkey prompts of ``length`` bytes *with their answers*: ``(trials, length)`` int64 and
-    the number of answer bytes at the end (``digits``).
-
-    The keys, depths and (with ``filler``, a token array such as the validation split) the filler's
-    offsets are drawn from ``(seed, length)``, so a length's prompts do not depend on which other
-    lengths are asked.
-    """
-    rng = random.Random(f"passkey-{seed}-{length}")
-    if filler is not None and len(filler) < length:
-        raise LabError(f"passkey filler has {len(filler)} tokens; length {length} needs more")
-    rows = []
-    for _ in range(trials):
-        key = "".join(rng.choice("0123456789") for _ in range(digits))
-        depth = rng.random()
-        fill = None
-        if filler is not None:
-            start = rng.randrange(len(filler) - length + 1)
-            fill = filler[start : start + length]
-        ids, key = passkey_prompt(length - digits, key, depth, style=style, filler=fill)
-        rows.append(ids + encode(key))
-    return torch.tensor(rows, dtype=torch.int64), digits
-
-
-@torch.no_grad()
-def answered(model: GPT, rows: torch.Tensor, answer: int, *, tokens_per_batch: int = 65536) -> torch.Tensor:
-    """Which prompts-with-answers ``rows`` ``(N, T)`` the model answers exactly: ``(N,)`` bool.
-
-    Greedy decoding reproduces the last ``answer`` bytes exactly if and only if each of them is the
-    argmax given the bytes before it, so one teacher-forced forward pass decides it (for a causal
-    model; randomized positions are drawn once for the whole length T).
-    """
-    device = next(model.parameters()).device
-    n, t = rows.shape
-    per_batch = max(1, tokens_per_batch // t)
-    out = []
-    for i in range(0, n, per_batch):
-        chunk = rows[i : i + per_batch].to(device)
-        guess = model(chunk[:, :-1])[:, -answer:].argmax(-1)
-        out.append((guess == chunk[:, -answer:]).all(dim=1).cpu())
-    return torch.cat(out)
-
-
-def passkey_hits(
-    model: GPT,
-    lengths: list[int],
-    *,
-    trials: int = 8,
-    digits: int = 5,
-    seed: int = 0,
-    extension: str | None = None,
-    style: str = "sentences",
-    filler: np.ndarray | None = None,
-) -> dict[int, int | None]:
-    """How many of ``trials`` prompts at each length the model answers with exactly the hidden key
-    (greedy decoding, :func:`answered`); None where the model cannot be run (a learned table past its
-    length).
-
-    The prompt and the ``digits`` answer bytes together fill the length (:func:`passkey_batch`). With
-    ``extension`` the factor is length / the model's training length.
-    """
-    lengths = check_passkey_lengths(lengths, digits, style)
-    train_len = model.cfg.max_len
-    result: dict[int, int | None] = {}
-    for length in lengths:
-        rows, answer = passkey_batch(length, trials, digits=digits, seed=seed, style=style, filler=filler)
-        with eval_extension(model, extension, length / train_len, train_len):
-            try:
-                result[length] = int(answered(model, rows, answer).sum())
-            except posenc.PositionError:
-                result[length] = None
-    return result
-
-
-def passkey_accuracy(model: GPT, lengths: list[int], *, trials: int = 8, **kw) -> dict[int, float | None]:
-    """Share of prompts at each length answered with exactly the hidden key (None: n/a); ``kw`` as
-    :func:`passkey_hits`."""
-    hits = passkey_hits(model, lengths, trials=trials, **kw)
-    return {n: None if h is None else h / trials for n, h in hits.items()}

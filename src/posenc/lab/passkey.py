@@ -7,17 +7,28 @@ only on text never learns (docs/lab.md: the copy probe). :func:`passkey_rows` tu
 into passkey prompts, so that a share of the batches teaches retrieval inside the training length
 (``--passkey-fraction``); accuracy past it then measures whether retrieval extrapolates.
 
-Everything here is bytes as ints (the laboratory's tokenizer is UTF-8 bytes, :mod:`posenc.lab.data`).
+Asking a model: :func:`passkey_batch` builds prompts with their answers, :func:`answered` decides in one
+teacher-forced pass which are answered exactly, :func:`passkey_hits` counts them per length (with an
+eval-time extension), and :class:`PasskeyResult` is one length's count with its Wilson interval.
+
+Everything here is bytes as ints (the laboratory's tokenizer is UTF-8 bytes, :mod:`posenc.lab.tokenizer`).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+import posenc
+from posenc.lab import defaults as D
 from posenc.lab.checks import check_choice, check_int, check_lengths
+from posenc.lab.encodings import eval_extension
 from posenc.lab.errors import LabError
+from posenc.lab.stats import wilson_interval
 from posenc.lab.tokenizer import encode
 
 __all__ = [
@@ -25,10 +36,17 @@ __all__ = [
     "PASSKEY_STYLES",
     "REPEAT_FILLER",
     "TRAIN_KEY_DIGITS",
+    "PasskeyResult",
+    "answered",
     "check_passkey_lengths",
+    "passkey_accuracy",
+    "passkey_batch",
+    "passkey_hits",
     "passkey_min_length",
     "passkey_prompt",
+    "passkey_report",
     "passkey_rows",
+    "passkey_share",
 ]
 
 # Mohtashami & Jaggi's filler, repeated as often as the prompt needs.
@@ -53,13 +71,13 @@ PASSKEY_FILLERS = ("repeat", "corpus")
 TRAIN_KEY_DIGITS = (1, 5)
 
 
-def passkey_min_length(digits: int = 5, style: str = "sentences") -> int:
+def passkey_min_length(digits: int = D.PASSKEY_DIGITS, style: str = D.PASSKEY_STYLE) -> int:
     """The shortest passkey length (bytes): the needle, the question and the ``digits`` answer bytes."""
     needle, question = PASSKEY_STYLES[check_choice("passkey style", style, PASSKEY_STYLES)]
     return len(needle.format(key="0" * digits)) + len(question) + digits
 
 
-def check_passkey_lengths(lengths, digits: int = 5, style: str = "sentences") -> list[int]:
+def check_passkey_lengths(lengths, digits: int = D.PASSKEY_DIGITS, style: str = D.PASSKEY_STYLE) -> list[int]:
     """``lengths`` sorted, when each is a positive integer that fits a passkey prompt; else a LabError."""
     check_int("passkey digits", digits)
     lengths = check_lengths("passkey lengths", lengths)
@@ -134,4 +152,150 @@ def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code
         ids, _ = passkey_prompt(end - digits[i], key, depths[i], style=style, filler=filler)
         used = end - shortest  # filler bytes the prompt took: all but needle, question and key
         out[i] = torch.tensor(ids + encode(key) + filler[used : used + t - end], dtype=out.dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def passkey_batch(
+    length: int,
+    trials: int,
+    *,
+    digits: int,
+    seed: int = 0,
+    style: str = "code",
+    filler: np.ndarray | None = None,
+) -> tuple[torch.Tensor, int]:
+    """``trials`` passkey prompts of ``length`` bytes *with their answers*: ``(trials, length)`` int64 and
+    the number of answer bytes at the end (``digits``).
+
+    The keys, depths and (with ``filler``, a token array such as the validation split) the filler's
+    offsets are drawn from ``(seed, length)``, so a length's prompts do not depend on which other
+    lengths are asked.
+    """
+    rng = random.Random(f"passkey-{seed}-{length}")
+    if filler is not None and len(filler) < length:
+        raise LabError(f"passkey filler has {len(filler)} tokens; length {length} needs more")
+    rows = []
+    for _ in range(trials):
+        key = "".join(rng.choice("0123456789") for _ in range(digits))
+        depth = rng.random()
+        fill = None
+        if filler is not None:
+            start = rng.randrange(len(filler) - length + 1)
+            fill = filler[start : start + length]
+        ids, key = passkey_prompt(length - digits, key, depth, style=style, filler=fill)
+        rows.append(ids + encode(key))
+    return torch.tensor(rows, dtype=torch.int64), digits
+
+
+@torch.no_grad()
+def answered(model, rows: torch.Tensor, answer: int, *, tokens_per_batch: int = 65536) -> torch.Tensor:
+    """Which prompts-with-answers ``rows`` ``(N, T)`` the model answers exactly: ``(N,)`` bool.
+
+    Greedy decoding reproduces the last ``answer`` bytes exactly if and only if each of them is the
+    argmax given the bytes before it, so one teacher-forced forward pass decides it (for a causal
+    model; randomized positions are drawn once for the whole length T).
+    """
+    device = next(model.parameters()).device
+    n, t = rows.shape
+    per_batch = max(1, tokens_per_batch // t)
+    out = []
+    for i in range(0, n, per_batch):
+        chunk = rows[i : i + per_batch].to(device)
+        guess = model(chunk[:, :-1])[:, -answer:].argmax(-1)
+        out.append((guess == chunk[:, -answer:]).all(dim=1).cpu())
+    return torch.cat(out)
+
+
+def passkey_hits(
+    model,
+    lengths: list[int],
+    *,
+    trials: int = D.EVAL_COMMAND_PASSKEY_TRIALS,
+    digits: int = D.PASSKEY_DIGITS,
+    seed: int = 0,
+    extension: str | None = None,
+    style: str = D.PASSKEY_STYLE,
+    filler: np.ndarray | None = None,
+) -> dict[int, int | None]:
+    """How many of ``trials`` prompts at each length the model answers with exactly the hidden key
+    (greedy decoding, :func:`answered`); None where the model cannot be run (a learned table past its
+    length).
+
+    The prompt and the ``digits`` answer bytes together fill the length (:func:`passkey_batch`). With
+    ``extension`` the factor is length / the model's training length.
+    """
+    lengths = check_passkey_lengths(lengths, digits, style)
+    train_len = model.cfg.max_len
+    result: dict[int, int | None] = {}
+    for length in lengths:
+        rows, answer = passkey_batch(length, trials, digits=digits, seed=seed, style=style, filler=filler)
+        with eval_extension(model, extension, length / train_len, train_len):
+            try:
+                result[length] = int(answered(model, rows, answer).sum())
+            except posenc.PositionError:
+                result[length] = None
+    return result
+
+
+def passkey_accuracy(
+    model, lengths: list[int], *, trials: int = D.EVAL_COMMAND_PASSKEY_TRIALS, **kw
+) -> dict[int, float | None]:
+    """Share of prompts at each length answered with exactly the hidden key (None: n/a); ``kw`` as
+    :func:`passkey_hits`."""
+    hits = passkey_hits(model, lengths, trials=trials, **kw)
+    return {n: None if h is None else h / trials for n, h in hits.items()}
+
+
+def passkey_share(model, val: np.ndarray, length: int, trials: int) -> float | None:
+    """The share of ``trials`` passkey prompts of ``length`` answered exactly, as a comparison asks them
+    (:data:`~posenc.lab.defaults.PASSKEY_DIGITS` digits, the :data:`~posenc.lab.defaults.PASSKEY_STYLE`
+    prompt, filler from ``val``, the same prompts for every model); None when ``length`` is too short."""
+    if length < passkey_min_length(D.PASSKEY_DIGITS, D.PASSKEY_STYLE):
+        return None
+    rows, answer = passkey_batch(length, trials, digits=D.PASSKEY_DIGITS, style=D.PASSKEY_STYLE, filler=val)
+    return answered(model, rows, answer).double().mean().item()
+
+
+@dataclass(frozen=True)
+class PasskeyResult:
+    """The passkey prompts of one length: ``hits`` of ``trials`` answered exactly (None: the model cannot
+    be run at ``length``, a learned table past its size)."""
+
+    length: int
+    hits: int | None
+    trials: int
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.hits is None else self.hits / self.trials
+
+    @property
+    def ci95(self) -> tuple[float, float] | None:
+        """The 95% Wilson interval of the accuracy (:func:`posenc.lab.stats.wilson_interval`)."""
+        return None if self.hits is None else wilson_interval(self.hits, self.trials)
+
+    def to_json(self) -> dict | None:
+        if self.hits is None:
+            return None
+        return {"accuracy": self.accuracy, "hits": self.hits, "trials": self.trials, "ci95": list(self.ci95)}
+
+    def cell(self) -> str:
+        if self.hits is None:
+            return f"@{self.length}: n/a"
+        low, high = self.ci95
+        return f"@{self.length}: {self.accuracy:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def passkey_report(
+    model, lengths, methods, *, trials: int, filler, **prompt
+) -> dict[str, list[PasskeyResult]]:
+    """:class:`PasskeyResult` per length for the model as trained (``"plain"``) and with each extension of
+    ``methods`` (None: plain); ``prompt``: :func:`passkey_hits`' digits, seed and style."""
+    out = {}
+    for ext in methods:
+        hits = passkey_hits(model, lengths, trials=trials, extension=ext, filler=filler, **prompt)
+        out[ext or "plain"] = [PasskeyResult(n, h, trials) for n, h in hits.items()]
     return out

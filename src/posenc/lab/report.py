@@ -1,8 +1,9 @@
 """What a comparison writes: the markdown tables, results.json, details.json, results.md and the plot.
 
-Rows are the JSON form of :class:`posenc.lab.evaluate.Row` (:meth:`Row.to_dict`): ``{"scheme", "ppl",
-"ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "note"}`` with values keyed by the length
-as a string, None where not measurable. ``posenc compare`` combines the seeds of each row
+Rows are the JSON form of :class:`posenc.lab.evaluate.Row` (:meth:`Row.to_dict`): ``"scheme"``, one dict
+per measure of :data:`posenc.lab.measures.MEASURES` (``"ppl"``, ``"ppl_past"``, ``"ppl_sliding"``,
+``"gain"``, ``"copy_first"``, ``"copy_repeat"``, ``"passkey"``) with values keyed by the length as a
+string (None where not measurable), and ``"note"``. ``posenc compare`` combines the seeds of each row
 (:func:`posenc.lab.stats.combine_seeds`: means, ``"<name>_sd"``, ``"seeds"``, ``"per_seed"``) and adds its
 timings (``train_s``, ``eval_s``). A table cell reads ``mean ± sd`` when there is a spread to show.
 """
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.config import Settings
-from posenc.lab.evaluate import PASSKEY_DIGITS, PASSKEY_STYLE
+from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
+from posenc.lab.measures import measured
 from posenc.lab.stats import wilson_interval
 
 if TYPE_CHECKING:
@@ -37,17 +39,6 @@ __all__ = [
     "sliding_table",
     "write_reports",
 ]
-
-# The per-length measures results.json carries, each with its "_sd"; which protocol or probe needs each.
-_MEASURES = {
-    "ppl": None,
-    "ppl_past": "past",
-    "ppl_sliding": "sliding",
-    "gain": "probe",
-    "copy_first": "probe",
-    "copy_repeat": "probe",
-    "passkey": "passkey",
-}
 
 
 def ratio(row: dict, num: int, den: int) -> float | None:
@@ -170,20 +161,13 @@ def _wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:
     return wilson_interval(round(accuracy * asked), asked)
 
 
-def _measured(settings: Settings) -> list[str]:
-    """The measures of ``_MEASURES`` that ``settings`` asks for."""
-    wanted = set(settings.protocols) | ({"probe"} if settings.probe_windows else set())
-    wanted |= {"passkey"} if settings.passkey_trials else set()
-    return [name for name, need in _MEASURES.items() if need is None or need in wanted]
-
-
 def results_payload(
     settings: Settings, rows: list[dict], corpus: str, provenance: dict | None = None
 ) -> dict:
     """The content of results.json: train_len, eval_lens, corpus, seeds, protocols, provenance, and per
     row its scheme, seeds, each measure (mean over seeds) with its ``_sd``, the per-seed values and note."""
     eval_lens = settings.eval_lens
-    names = _measured(settings)
+    names = measured(settings.protocols, settings.probe_windows, settings.passkey_trials)
 
     def row(r: dict) -> dict:
         out = {"scheme": r["scheme"], "seeds": r.get("seeds", 1)}

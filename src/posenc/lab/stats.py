@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from posenc.lab.checks import check_int, check_number
 from posenc.lab.errors import LabError
+from posenc.lab.measures import MEASURE_NAMES
 
 __all__ = ["combine_seeds", "mean_sd", "wilson_interval"]
 
@@ -53,14 +54,15 @@ def combine_seeds(rows: list[dict]) -> dict:
     """One report row from the rows of the same scheme trained with different seeds.
 
     Each input row is :meth:`posenc.lab.evaluate.Row.to_dict` plus ``"seed"`` (and timings). Every
-    per-length measure (a dict such as ``"ppl"``) becomes its mean over the seeds, with ``"<name>_sd"``
-    beside it; ``"seeds"`` counts them, ``"per_seed"`` keeps each seed's values
-    (``{"<seed>": {"<name>": {"<len>": value}}}``), timings are summed, the first note is kept.
+    per-length measure (:data:`posenc.lab.measures.MEASURES`, a dict such as ``"ppl"``) becomes its mean
+    over the seeds, with ``"<name>_sd"`` beside it; ``"seeds"`` counts them, ``"per_seed"`` keeps each
+    seed's values (``{"<seed>": {"<name>": {"<len>": value}}}``), timings are summed, the first note is
+    kept.
     """
     if not rows:
         raise LabError("combine_seeds needs at least one row")
     first = rows[0]
-    measures = [k for k, v in first.items() if isinstance(v, dict)]
+    measures = [name for name in MEASURE_NAMES if isinstance(first.get(name), dict)]
     out: dict = {"scheme": first["scheme"], "seeds": len(rows)}
     for name in measures:
         lengths = list(first[name])

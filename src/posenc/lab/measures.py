@@ -1,0 +1,45 @@
+"""What an evaluation measures at each length: one table of typed records, read by
+:mod:`posenc.lab.evaluate` (a :class:`~posenc.lab.evaluate.Row` has one dict per measure),
+:mod:`posenc.lab.stats` (which dicts it averages over seeds) and :mod:`posenc.lab.report` (which it
+writes). This module imports nothing of the laboratory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MEASURES", "MEASURE_NAMES", "Measure", "measured"]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One per-length measure.
+
+    name: the :class:`~posenc.lab.evaluate.Row` field and the results.json key (``"<name>_sd"`` beside it).
+    needs: what must be asked for it to be measured: None (always), a protocol ("past", "sliding"),
+        "probe" (probe windows > 0) or "passkey" (passkey trials > 0).
+    meaning: one line, for readers of results.json.
+    """
+
+    name: str
+    needs: str | None
+    meaning: str
+
+
+MEASURES: tuple[Measure, ...] = (
+    Measure("ppl", None, "perplexity (bytes) of the windows protocol"),
+    Measure("ppl_past", "past", "the windows protocol on positions at or past the training length"),
+    Measure("ppl_sliding", "sliding", "the sliding protocol: the last L tokens of windows at stride L"),
+    Measure("gain", "probe", "far-context gain: ppl(last L as context) / ppl(whole window)"),
+    Measure("copy_first", "probe", "copy probe: ppl on a segment's first occurrence"),
+    Measure("copy_repeat", "probe", "copy probe: ppl on the segment's repeat"),
+    Measure("passkey", "passkey", "share of passkey prompts answered exactly"),
+)
+MEASURE_NAMES: tuple[str, ...] = tuple(m.name for m in MEASURES)
+
+
+def measured(protocols, probe_windows: int, passkey_trials: int) -> list[str]:
+    """The names of the measures an evaluation with these settings fills, in :data:`MEASURES` order."""
+    asked = (
+        set(protocols) | ({"probe"} if probe_windows else set()) | ({"passkey"} if passkey_trials else set())
+    )
+    return [m.name for m in MEASURES if m.needs is None or m.needs in asked]
