@@ -19,7 +19,7 @@ _COMMAND_MODULES = (
     "posenc.tools.tour",  # posenc tour
     "posenc.tools.plot",  # posenc plot ...
     "posenc.tools.bench",  # posenc bench
-    "posenc.lab.commands",  # posenc train / eval / sample / compare
+    "posenc.lab.arguments",  # posenc train / eval / sample / compare
     "posenc.real.commands",  # posenc extend
     "posenc.hf.zoo",  # posenc zoo
 )

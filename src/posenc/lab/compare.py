@@ -123,24 +123,8 @@ def _run_task(
         return saved
     data = load_corpus(corpus, cache_dir=cache_dir)
     t0 = time.perf_counter()
-    if extension is None and is_complete(run_dir, s.steps):
-        # A finished model is reused only if it was trained with these settings (--lr, --copy-fraction...).
-        latest = latest_checkpoint(run_dir)
-        saved = json.loads((latest / "state.json").read_text())
-        check_resumable(saved, run_state(s.model_config(scheme), s.train_config(seed), data.path), latest)
-    elif extension is None:
-        train(
-            s.model_config(scheme),
-            s.train_config(seed),
-            run_dir,
-            corpus=data,
-            resume=True,
-            ckpt_every=s.ckpt_every,
-            device=device,
-            progress=False,
-            compile=compile,
-            callback=lambda step, loss, tps: events.put(("step", label, step, loss, tps)),
-        )
+    if extension is None:
+        _train_once(scheme, seed, s, run_dir, data, device, compile, events, label)
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, device)
     events.put(("eval", label, None))
@@ -167,6 +151,28 @@ def _run_task(
     write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
     events.put(("done", label, None))
     return row
+
+
+def _train_once(scheme, seed, s: Settings, run_dir: Path, data, device, compile, events, label) -> None:
+    """Train ``scheme`` with ``seed`` into ``run_dir``, resuming a partial run; a finished model is reused
+    only if it was trained with these settings (--lr, --copy-fraction...), else a CheckpointError."""
+    if is_complete(run_dir, s.steps):
+        latest = latest_checkpoint(run_dir)
+        saved = json.loads((latest / "state.json").read_text())
+        check_resumable(saved, run_state(s.model_config(scheme), s.train_config(seed), data.path), latest)
+        return
+    train(
+        s.model_config(scheme),
+        s.train_config(seed),
+        run_dir,
+        corpus=data,
+        resume=True,
+        ckpt_every=s.ckpt_every,
+        device=device,
+        progress=False,
+        compile=compile,
+        callback=lambda step, loss, tps: events.put(("step", label, step, loss, tps)),
+    )
 
 
 def _dir_name(scheme: str) -> str:

@@ -1,4 +1,5 @@
-"""What a comparison writes: the markdown tables, results.json, details.json, results.md and the plot.
+"""What a comparison writes: the markdown tables, results.json, details.json, results.md and the plot
+(drawn by :mod:`posenc.lab.figure`).
 
 Rows are the JSON form of :class:`posenc.lab.evaluate.Row` (:meth:`Row.to_dict`): ``"scheme"``, one dict
 per measure of :data:`posenc.lab.measures.MEASURES` (``"ppl"``, ``"ppl_past"``, ``"ppl_sliding"``,
@@ -11,19 +12,14 @@ timings (``train_s``, ``eval_s``). A table cell reads ``mean ± sd`` when there 
 from __future__ import annotations
 
 import json
-import math
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
+from posenc.lab.figure import extrapolation_figure, save_figure
 from posenc.lab.measures import measured
-from posenc.lab.stats import wilson_interval
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
+from posenc.lab.stats import pooled_wilson
 
 __all__ = [
     "copy_table",
@@ -148,17 +144,10 @@ def passkey_table(rows: list[dict], eval_lens: list[int], train_len: int, trials
             if accuracy is None:
                 cells.append("n/a")
                 continue
-            low, high = _wilson(r, accuracy, trials)
+            low, high = pooled_wilson(r, accuracy, trials)
             cells.append(f"{accuracy:.2f} [{low:.2f}, {high:.2f}]")
         body.append(cells)
     return grid_table(head, body, text_columns=1)
-
-
-def _wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:
-    """The 95% Wilson interval of a row's passkey ``accuracy``: its mean over seeds of ``trials`` prompts
-    each, counted as the hits of all the seeds' prompts together."""
-    asked = trials * row.get("seeds", 1)
-    return wilson_interval(round(accuracy * asked), asked)
 
 
 def results_payload(
@@ -209,7 +198,14 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
         f"Wall time {wall_s:.0f} s on {device}.",
         "",
     ]
+    md += _protocol_sections(s, rows, table) + _probe_sections(s, rows) + _passkey_section(s, rows)
+    return "\n".join(md)
+
+
+def _protocol_sections(s: Settings, rows: list[dict], table: str) -> list[str]:
+    """The markdown of the windows, sliding and past protocols that ``s`` asks for."""
     lens, L = s.eval_lens, s.train_len
+    md = []
     if "windows" in s.protocols:
         md += [
             f"Protocol `windows`: non-overlapping windows of each length, every token scored, the same "
@@ -230,6 +226,13 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
     past = past_table(rows, lens, L)
     if "past" in s.protocols and past:
         md += [f"Protocol `past`: the windows protocol on positions at or past {L} only:", "", past, ""]
+    return md
+
+
+def _probe_sections(s: Settings, rows: list[dict]) -> list[str]:
+    """The markdown of the far-context-gain and copy probes, when ``s`` runs them."""
+    lens, L = s.eval_lens, s.train_len
+    md = []
     gain = gain_table(rows, lens, L)
     if s.probe_windows and gain:
         md += [
@@ -250,24 +253,28 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
             copies,
             "",
         ]
-    keys = passkey_table(rows, lens, L, s.passkey_trials) if s.passkey_trials else ""
-    if keys:
-        md += [
-            f"Passkey retrieval: {s.passkey_trials} prompts per length{' and seed' if s.seeds > 1 else ''}, "
-            f"a {PASSKEY_DIGITS}-digit key hidden at a random depth of validation text in a "
-            f"{PASSKEY_STYLE!r} prompt, answered exactly by greedy decoding; accuracy [95% Wilson "
-            f"interval]{' over all seeds' if s.seeds > 1 else ''}"
-            + (
-                f" (trained with a passkey share of {s.passkey_fraction})"
-                if s.passkey_fraction
-                else " (trained without passkey prompts: expect 0, see docs/lab.md)"
-            )
-            + ":",
-            "",
-            keys,
-            "",
-        ]
-    return "\n".join(md)
+    return md
+
+
+def _passkey_section(s: Settings, rows: list[dict]) -> list[str]:
+    """The markdown of passkey retrieval, when ``s`` asks for it and some length fits the prompt."""
+    keys = passkey_table(rows, s.eval_lens, s.train_len, s.passkey_trials) if s.passkey_trials else ""
+    if not keys:
+        return []
+    trained = (
+        f" (trained with a passkey share of {s.passkey_fraction})"
+        if s.passkey_fraction
+        else " (trained without passkey prompts: expect 0, see docs/lab.md)"
+    )
+    return [
+        f"Passkey retrieval: {s.passkey_trials} prompts per length{' and seed' if s.seeds > 1 else ''}, "
+        f"a {PASSKEY_DIGITS}-digit key hidden at a random depth of validation text in a "
+        f"{PASSKEY_STYLE!r} prompt, answered exactly by greedy decoding; accuracy [95% Wilson "
+        f"interval]{' over all seeds' if s.seeds > 1 else ''}" + trained + ":",
+        "",
+        keys,
+        "",
+    ]
 
 
 def write_reports(
@@ -289,104 +296,3 @@ def write_reports(
     write_text_atomic(out / "results.md", _results_md(settings, rows, corpus, device, wall_s, table))
     save_figure(extrapolation_figure(payload), out / "extrapolation.png")
     return table
-
-
-def _points(r: dict, name: str) -> tuple[list[int], list[float], list[float]]:
-    """Lengths, values and sds (0 where unknown) of the finite values of ``r[name]``, by length."""
-    sds = r.get(f"{name}_sd") or {}
-    pts = sorted(
-        (int(n), v, sds.get(n) or 0.0)
-        for n, v in (r.get(name) or {}).items()
-        if v is not None and math.isfinite(v)
-    )
-    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
-
-
-def _passkey_interval(r: dict, trials: int) -> tuple[list[int], list[float], list[list[float]]]:
-    """Lengths, accuracies and ``[below, above]`` distances to the 95% Wilson interval (all seeds' trials)."""
-    xs, ys, _ = _points(r, "passkey")
-    bounds = [_wilson(r, y, trials) for y in ys]
-    below = [y - low for y, (low, _) in zip(ys, bounds, strict=True)]
-    above = [high - y for y, (_, high) in zip(ys, bounds, strict=True)]
-    return xs, ys, [below, above]
-
-
-def extrapolation_figure(payload: dict) -> Figure:
-    """Perplexity vs evaluation length (log-log) and far-context gain vs length; passkey accuracy vs length
-    as a third panel when it was measured.
-
-    ``payload`` is the content of results.json. One line per scheme, extensions (``scheme+X``) dashed,
-    error bars of one seed sd where there are several seeds (the 95% Wilson interval for passkey
-    accuracy), the training length marked; schemes with nothing finite to draw are left out of a panel.
-    The figure is not attached to pyplot.
-    """
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure  # the lab's optional dependency, imported when used
-
-    rows = payload["results"]
-    trials = payload.get("passkey_trials") or 0
-    names = ["ppl", "gain"] + (["passkey"] if trials and any(_points(r, "passkey")[0] for r in rows) else [])
-    # 20 distinct colours (ten would repeat with `--schemes all`), one per row in every panel; one legend
-    # for all, below them, so that no line is hidden behind it
-    colours = colormaps["tab20"].colors
-    legend_rows = math.ceil((len(rows) + 1) / 6)
-    fig = Figure(figsize=(6 * len(names), 4.5 + 0.22 * legend_rows))
-    panels = dict(zip(names, fig.subplots(1, len(names)), strict=True))
-    ax, gx = panels["ppl"], panels["gain"]
-    train_len = payload["train_len"]
-    for i, r in enumerate(rows):
-        style = "--" if "+" in r["scheme"] else "-"
-        colour = colours[(2 * i) % 20 + (2 * i) // 20 % 2]  # dark shades first, then the light ones
-        for name, panel in panels.items():
-            if name == "passkey":
-                xs, ys, bars = _passkey_interval(r, trials)
-            else:
-                xs, ys, sds = _points(r, name)
-                bars = sds if any(sds) else None
-            if not xs:
-                continue
-            panel.plot(xs, ys, style, marker="o", color=colour, label=r["scheme"])
-            if bars is not None:
-                panel.errorbar(xs, ys, yerr=bars, fmt="none", ecolor=colour, capsize=0)
-    ax.axvline(train_len, color="grey", lw=1, ls=":", label=f"train length {train_len}")
-    ax.set_yscale("log")
-    ax.set_ylabel("perplexity (bytes)")
-    ax.set_title("Length extrapolation: trained short, evaluated long", fontsize=10)
-    reference = gx.axhline(1.0, color="grey", lw=1, ls=":", label="no gain (a window of the training length)")
-    gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
-    gx.set_title("Far-context gain: above 1, tokens past the training length help", fontsize=10)
-    gx.legend(handles=[reference], fontsize=8)
-    if "passkey" in panels:
-        px = panels["passkey"]
-        px.axvline(train_len, color="grey", lw=1, ls=":")
-        px.set_ylim(-0.03, 1.03)
-        px.set_ylabel("passkey accuracy (95% Wilson interval)")
-        px.set_title("Passkey retrieval: a key hidden in the text", fontsize=10)
-    for panel in panels.values():
-        panel.set_xscale("log", base=2)
-        panel.set_xlabel("evaluation length (tokens)")
-        panel.grid(True, which="both", alpha=0.3)
-    inch = 1.0 / fig.get_figheight()  # one inch in figure coordinates
-    ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(0.5, (0.12 + 0.22 * legend_rows) * inch),
-        bbox_transform=fig.transFigure,
-        ncol=6,
-        fontsize=8,
-        frameon=False,
-    )
-    fig.subplots_adjust(
-        left=0.08 / len(names) * 2,
-        right=0.98,
-        top=0.93,
-        bottom=(0.7 + 0.22 * legend_rows) * inch,
-        wspace=0.25,
-    )
-    return fig
-
-
-def save_figure(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as a PNG at 120 dpi, replacing ``path`` atomically."""
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)

@@ -15,7 +15,7 @@ from posenc.lab.checks import check_int, check_number
 from posenc.lab.errors import LabError
 from posenc.lab.measures import MEASURE_NAMES
 
-__all__ = ["combine_seeds", "mean_sd", "wilson_interval"]
+__all__ = ["combine_seeds", "mean_sd", "pooled_wilson", "wilson_interval"]
 
 
 def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]:
@@ -48,6 +48,13 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -
     low = 0.0 if successes == 0 else max(0.0, (centre - half) / scale)
     high = 1.0 if successes == trials else min(1.0, (centre + half) / scale)
     return low, high
+
+
+def pooled_wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:
+    """The 95% Wilson interval of a report row's passkey ``accuracy``: its mean over the row's ``"seeds"``
+    of ``trials`` prompts each, counted as the hits of all the seeds' prompts together."""
+    asked = trials * row.get("seeds", 1)
+    return wilson_interval(round(accuracy * asked), asked)
 
 
 def combine_seeds(rows: list[dict]) -> dict:
