@@ -8,16 +8,15 @@ import torch
 
 from ..rope import RotaryEmbedding
 from ..rope.frequencies import METHODS
+from .families import having
 
 __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 
 # Families whose transformers code pairs dimensions (2i, 2i+1), for reading a config alone; every other RoPE
 # family in transformers (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs
 # (i, i + r/2). patch_model does not rely on this list: it reads the pairing off what each model's rotary
-# module hands out.
-INTERLEAVED_MODEL_TYPES = frozenset(
-    {"gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "blt", "deepseek_v2", "glm4v_text"}
-)
+# module hands out. (A view of posenc.hf.families.FAMILIES, as every family table.)
+INTERLEAVED_MODEL_TYPES = frozenset(having("pairs"))
 
 
 def _get(config, *names, default=None):
@@ -43,7 +42,7 @@ def _head_dim(config) -> int:
 # config.json files name rope_theta or rope_scaling; GPT-NeoX / GPT-J their rotary fraction or width).
 _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_pct", "rotary_dim", "rotary_emb_base")
 # RoPE families whose config.json may name none of them (early Llama files relied on the default theta).
-_ROPE_MODEL_TYPES = frozenset({"llama", "mistral", "mixtral", "qwen2", "gemma", "phi3", "gpt_neox", "gptj"})
+_ROPE_MODEL_TYPES = frozenset(having("rope_implied"))
 
 
 def rope_settings(config) -> dict:

@@ -11,50 +11,25 @@ agrees with them and refuses a plan it cannot apply.
 
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import torch
 
 from ..rope import RotaryEmbedding
-from .plan import MROPE_FAMILIES, LayerPlan, Rope
+from .families import Attention, having
+from .plan import LayerPlan, Rope
 
 __all__ = ["ADAPTERS", "patch_layers", "unpatch_layers"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Adapter:
-    """How one family's attention code takes positions.
-
-    form: the cos/sin its attention expects: "half" (cat(f, f)), "pairs" (each frequency twice in a row,
-        Cohere) or "complex" (Llama 4's freqs_cis).
-    rope_flag: the attention attribute that switches its rotation on; set True on every layer, so that
-        NoPE layers rotate by the identity and any layer can take RoPE.
-    fixed_rope: the attention attribute whose being set decides, in the model's code, which layers
-        rotate ("sliding_window" for Cohere2); a plan can take RoPE away from those, not add it elsewhere.
-    """
-
-    form: str = "half"
-    rope_flag: str | None = None
-    fixed_rope: str | None = None
-
-
-ADAPTERS = {
-    "llama4_text": _Adapter("complex", rope_flag="use_rope"),
-    "smollm3": _Adapter("half", rope_flag="use_rope"),
-    "cohere2": _Adapter("pairs", fixed_rope="sliding_window"),
-    "gemma3_text": _Adapter("half"),
-    "gemma4_text": _Adapter("half"),
-    **{f"{family}_text": _Adapter(m.form) for family, m in MROPE_FAMILIES.items()},
-    "deepseek_v3": _Adapter("half"),
-}
+ADAPTERS = having("attention")
 """text model_type -> how its attention layers take cos/sin (tests/hf/test_plans.py covers each)."""
 
 
 class _State:
     """Per patched model: the position ids of the current call and the cos/sin formed for them."""
 
-    def __init__(self, plan, adapter: _Adapter):
+    def __init__(self, plan, adapter: Attention):
         self.plan, self.adapter = plan, adapter
         self.position_ids: torch.Tensor | None = None
         self.modules: dict[Rope, object] = {}
@@ -124,7 +99,7 @@ def _rotary_modules(model) -> list:
     ]
 
 
-def _check_plan(plan, layers, adapter: _Adapter, config, expected) -> None:
+def _check_plan(plan, layers, adapter: Attention, config, expected) -> None:
     if len(plan) != len(layers):
         raise ValueError(f"plan has {len(plan)} layers, the model {len(layers)} attention layers")
     want_layout = "interleaved" if adapter.form in ("complex", "pairs") else "half"

@@ -13,6 +13,7 @@ import torch
 from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ._config import _get, rope_settings, rotary_from_config
+from .families import having
 from .layers import ADAPTERS, patch_layers, unpatch_layers
 from .plan import MROPE_FAMILIES, position_plan, text_config
 from .remap import patch_remap
@@ -22,7 +23,7 @@ __all__ = ["consistent_cache", "patch_model", "unpatch_model"]
 
 # model types the single-RoPE path of patch_model is tested on (tests/test_hf.py); others with the same
 # rotary module layout (inv_freq, attention_scaling, forward(x, position_ids) -> (cos, sin)) also work.
-PATCHED_FAMILIES = ("llama", "qwen2", "gpt_neox", "phi3", "gptj", "cohere", "cohere2_moe")
+PATCHED_FAMILIES = tuple(having("patched"))
 
 
 def _cos_sin(module, x, position_ids):

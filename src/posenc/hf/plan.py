@@ -31,6 +31,7 @@ import torch
 from ..rope import RotaryEmbedding
 from ..rope.mrope import MRotaryEmbedding
 from ._config import _get, _head_dim, rope_settings
+from .families import having
 
 __all__ = ["LayerPlan", "QueryTemperature", "Rope", "position_plan"]
 
@@ -329,29 +330,9 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
     return _rope(rope_settings(flat))
 
 
-@dataclasses.dataclass(frozen=True)
-class MRopeFamily:
-    """What one M-RoPE family's code does: its default ``mrope_section`` (time, height, width pairs), whether
-    the axes' frequency slots interleave (t, h, w, t, h, w, ... as Qwen3-VL) or take contiguous sections
-    (Qwen2-VL), and how its attention pairs dimensions ("half": (i, i + d/2); "pairs": (2i, 2i+1))."""
-
-    section: tuple[int, int, int]
-    interleaved: bool = False
-    form: str = "half"
-
-
 # family (the composite model_type) -> its M-RoPE; the plan reader, the composite's text config and the
-# attention adapter of each come from here
-MROPE_FAMILIES = {
-    "qwen2_vl": MRopeFamily((16, 24, 24)),
-    "qwen2_5_vl": MRopeFamily((16, 24, 24)),
-    "qwen3_vl": MRopeFamily((24, 20, 20), interleaved=True),
-    "qwen3_vl_moe": MRopeFamily((24, 20, 20), interleaved=True),
-    "glm4v": MRopeFamily((8, 12, 12), form="pairs"),  # over a partial rotary, as GLM-4V-MoE
-    "glm4v_moe": MRopeFamily((8, 12, 12)),
-    "paddleocr_vl": MRopeFamily((16, 24, 24)),
-    "cosmos3_edge": MRopeFamily((24, 20, 20), interleaved=True),
-}
+# attention adapter of each come from posenc.hf.families
+MROPE_FAMILIES = having("mrope")
 
 
 def _qwen_vl(config) -> tuple[LayerPlan, ...]:
@@ -403,21 +384,19 @@ def _deepseek_v3(config) -> tuple[LayerPlan, ...]:
     )
 
 
-READERS = {
-    "llama4_text": _llama4,
+_READER_FUNCTIONS = {
+    "llama4": _llama4,
     "smollm3": _smollm3,
     "cohere2": _cohere2,
-    "gemma3_text": _gemma3,
-    "gemma4_text": _gemma4,
-    **{f"{family}_text": _qwen_vl for family in MROPE_FAMILIES},
-    "qwen2_vl": _qwen_vl,  # early Qwen2-VL / Qwen2.5-VL config.json files are flat
-    "qwen2_5_vl": _qwen_vl,
-    "qwen3_vl": _qwen_vl,
+    "gemma3": _gemma3,
+    "gemma4": _gemma4,
+    "qwen_vl": _qwen_vl,
     "deepseek_v3": _deepseek_v3,
 }
+READERS = {name: _READER_FUNCTIONS[reader] for name, reader in having("plan").items()}
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
 
-_COMPOSITE = {"llama4", "gemma3", "gemma4", *MROPE_FAMILIES}
+_COMPOSITE = set(having("composite"))
 _HANDLED_KEYS = {
     "rope_parameters",
     "rope_scaling",

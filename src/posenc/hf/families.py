@@ -1,0 +1,127 @@
+"""Everything posenc knows about each transformers model family, in one table: :data:`FAMILIES`.
+
+A :class:`Family` says how the family's code pairs dimensions, whether its config may name no RoPE key,
+whether the single-RoPE path of :func:`~posenc.hf.patch_model` is tested on it, which reader of
+:mod:`posenc.hf.plan` gives its per-layer plan, how its attention layers take cos/sin, its M-RoPE and
+whether its language model sits in a ``text_config``. The tables the readers and patchers use
+(:data:`~posenc.hf.INTERLEAVED_MODEL_TYPES`, :data:`~posenc.hf.PATCHED_FAMILIES`, ``plan.READERS``,
+``plan.MROPE_FAMILIES``, ``layers.ADAPTERS``) are views of this one. This module imports nothing of
+posenc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["FAMILIES", "Attention", "Family", "MRopeFamily", "family", "having"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attention:
+    """How one family's attention code takes positions.
+
+    form: the cos/sin its attention expects: "half" (cat(f, f)), "pairs" (each frequency twice in a row,
+        Cohere) or "complex" (Llama 4's freqs_cis).
+    rope_flag: the attention attribute that switches its rotation on; set True on every layer, so that
+        NoPE layers rotate by the identity and any layer can take RoPE.
+    fixed_rope: the attention attribute whose being set decides, in the model's code, which layers
+        rotate ("sliding_window" for Cohere2); a plan can take RoPE away from those, not add it elsewhere.
+    """
+
+    form: str = "half"
+    rope_flag: str | None = None
+    fixed_rope: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class MRopeFamily:
+    """What one M-RoPE family's code does: its default ``mrope_section`` (time, height, width pairs), whether
+    the axes' frequency slots interleave (t, h, w, t, h, w, ... as Qwen3-VL) or take contiguous sections
+    (Qwen2-VL), and how its attention pairs dimensions ("half": (i, i + d/2); "pairs": (2i, 2i+1))."""
+
+    section: tuple[int, int, int]
+    interleaved: bool = False
+    form: str = "half"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One transformers ``model_type`` and what posenc knows of it.
+
+    pairs: its code pairs dimensions (2i, 2i+1) (for reading a config alone; patch_model reads the pairing
+        off what the model's rotary module hands out).
+    rope_implied: its config.json may name no RoPE key at all (early Llama files relied on the default).
+    patched: the single-RoPE path of patch_model is tested on it (tests/test_hf.py).
+    plan: the reader of :mod:`posenc.hf.plan` that gives its per-layer plan ("gemma3", "qwen_vl", ...).
+    attention: how its attention layers take cos/sin, for the families patched layer by layer.
+    mrope: its M-RoPE (the composite model_type's entry).
+    composite: its language model's config is its ``text_config``.
+    """
+
+    model_type: str
+    pairs: bool = False
+    rope_implied: bool = False
+    patched: bool = False
+    plan: str | None = None
+    attention: Attention | None = None
+    mrope: MRopeFamily | None = None
+    composite: bool = False
+
+
+def _mrope(name: str, mrope: MRopeFamily, *, flat: bool = False) -> tuple[Family, Family]:
+    """A vision-language family's two entries: the composite (its M-RoPE; read as a flat config when early
+    config.json files were flat) and its text model, patched layer by layer."""
+    composite = Family(name, mrope=mrope, composite=True, plan="qwen_vl" if flat else None)
+    text = Family(
+        f"{name}_text", pairs=mrope.form == "pairs", plan="qwen_vl", attention=Attention(mrope.form)
+    )
+    return composite, text
+
+
+FAMILIES: tuple[Family, ...] = (
+    # single RoPE, read from the config and patched through the rotary module
+    Family("llama", rope_implied=True, patched=True),
+    Family("mistral", rope_implied=True),
+    Family("mixtral", rope_implied=True),
+    Family("qwen2", rope_implied=True, patched=True),
+    Family("gemma", rope_implied=True),
+    Family("gpt_neox", rope_implied=True, patched=True),
+    Family("phi3", rope_implied=True, patched=True),
+    Family("gptj", pairs=True, rope_implied=True, patched=True),
+    Family("codegen", pairs=True),
+    Family("cohere", pairs=True, patched=True),
+    Family("cohere2_moe", pairs=True, patched=True),
+    Family("blt", pairs=True),
+    Family("deepseek_v2", pairs=True),
+    # per-layer plans, patched layer by layer
+    Family("cohere2", pairs=True, plan="cohere2", attention=Attention("pairs", fixed_rope="sliding_window")),
+    Family("llama4", composite=True),
+    Family("llama4_text", plan="llama4", attention=Attention("complex", rope_flag="use_rope")),
+    Family("smollm3", plan="smollm3", attention=Attention("half", rope_flag="use_rope")),
+    Family("gemma3", composite=True),
+    Family("gemma3_text", plan="gemma3", attention=Attention("half")),
+    Family("gemma4", composite=True),
+    Family("gemma4_text", plan="gemma4", attention=Attention("half")),
+    Family("deepseek_v3", plan="deepseek_v3", attention=Attention("half")),
+    # M-RoPE
+    *_mrope("qwen2_vl", MRopeFamily((16, 24, 24)), flat=True),
+    *_mrope("qwen2_5_vl", MRopeFamily((16, 24, 24)), flat=True),
+    *_mrope("qwen3_vl", MRopeFamily((24, 20, 20), interleaved=True), flat=True),
+    *_mrope("qwen3_vl_moe", MRopeFamily((24, 20, 20), interleaved=True)),
+    *_mrope("glm4v", MRopeFamily((8, 12, 12), form="pairs")),  # over a partial rotary, as GLM-4V-MoE
+    *_mrope("glm4v_moe", MRopeFamily((8, 12, 12))),
+    *_mrope("paddleocr_vl", MRopeFamily((16, 24, 24))),
+    *_mrope("cosmos3_edge", MRopeFamily((24, 20, 20), interleaved=True)),
+)
+
+_BY_TYPE = {f.model_type: f for f in FAMILIES}
+
+
+def family(model_type: str) -> Family:
+    """The entry of ``model_type``; a bare :class:`Family` (nothing known) for any other."""
+    return _BY_TYPE.get(model_type) or Family(model_type)
+
+
+def having(field: str) -> dict[str, object]:
+    """``{model_type: value}`` of every family whose ``field`` is set (truthy), in table order."""
+    return {f.model_type: getattr(f, field) for f in FAMILIES if getattr(f, field)}

@@ -1,0 +1,34 @@
+"""posenc.hf.families: one table of what posenc knows per transformers family; the tables the readers and
+patchers use are views of it, so a family's facts cannot disagree between them."""
+
+from posenc.hf import INTERLEAVED_MODEL_TYPES, PATCHED_FAMILIES, layers, plan
+from posenc.hf.families import FAMILIES, Family, family
+
+
+def test_each_model_type_has_one_entry():
+    names = [f.model_type for f in FAMILIES]
+    assert len(names) == len(set(names))
+
+
+def test_every_family_patched_layer_by_layer_has_a_plan_reader_and_back():
+    for f in FAMILIES:
+        if f.attention is not None:
+            assert f.plan is not None, f.model_type
+            assert plan.READERS[f.model_type] is not None
+    assert set(layers.ADAPTERS) <= set(plan.READERS)
+
+
+def test_every_m_rope_family_has_its_text_model_and_the_same_pairing():
+    for f in FAMILIES:
+        if f.mrope is None:
+            continue
+        assert f.composite and f.model_type in plan.MROPE_FAMILIES
+        text = family(f"{f.model_type}_text")
+        assert text.attention.form == f.mrope.form
+        assert (text.model_type in INTERLEAVED_MODEL_TYPES) == (f.mrope.form == "pairs")
+
+
+def test_the_views_read_the_table():
+    assert PATCHED_FAMILIES == tuple(f.model_type for f in FAMILIES if f.patched)
+    assert INTERLEAVED_MODEL_TYPES == {f.model_type for f in FAMILIES if f.pairs}
+    assert family("no_such_model") == Family("no_such_model")
