@@ -4,7 +4,14 @@ import pytest
 
 from .docs_blocks import code_blocks, run_blocks
 
-PAGES = ["README.md", "docs/context-extension.md", "docs/lab.md", "docs/models.md", "docs/relative-biases.md"]
+PAGES = [
+    "README.md",
+    "docs/architecture.md",
+    "docs/context-extension.md",
+    "docs/lab.md",
+    "docs/models.md",
+    "docs/relative-biases.md",
+]
 
 
 @pytest.mark.parametrize("page", PAGES)
