@@ -53,32 +53,11 @@ def rope_settings(config) -> dict:
     ``rotary_pct`` or GPT-J's ``rotary_dim``; a top-level ``original_max_position_embeddings`` (Phi-3)
     takes precedence, else it defaults to max_position_embeddings for llama3 / yarn / longrope.
     """
-    if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
-        config = config.config
-    if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
-        raise ValueError(
-            "config must be a transformers config, a config.json dict or a model, got "
-            f"{type(config).__name__}"
-        )
+    config = _rope_config(config)
     model_type = _get(config, "model_type", default="")
-    if model_type not in _ROPE_MODEL_TYPES and not any(_get(config, key) is not None for key in _ROPE_KEYS):
-        raise ValueError(
-            f"config (model_type={model_type!r}) describes no rotary embedding: it has none of "
-            f"{', '.join(_ROPE_KEYS)}; its model uses another positional encoding"
-        )
     head_dim = _head_dim(config)
     max_pos = _get(config, "max_position_embeddings", "n_positions")
-
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
-    if not isinstance(params, Mapping):
-        raise ValueError(f"config's rope_parameters / rope_scaling must be a dict, got {params!r}")
-    if params and all(isinstance(v, Mapping) or v is None for v in params.values()):
-        raise ValueError(
-            f"per-layer-type rope_parameters (keys {sorted(params)}) are not supported: build one "
-            "RotaryEmbedding per layer type with posenc.RotaryEmbedding(..., "
-            "scaling=config.rope_parameters[type])"
-        )
-    params = dict(params)
+    params = _rope_parameters(config)
     theta = params.pop("rope_theta", None) or _get(config, "rope_theta", "rotary_emb_base", default=10000.0)
     prf = params.pop("partial_rotary_factor", None) or _get(
         config, "partial_rotary_factor", "rotary_pct", default=1.0
@@ -97,23 +76,61 @@ def rope_settings(config) -> dict:
     rotary_dim = _get(config, "rotary_dim") if model_type in ("gptj", "codegen") else None
     if rotary_dim is None and rope_type != "proportional":
         rotary_dim = int(head_dim * prf)
-    scaling = None
-    if rope_type != "default":
-        if rope_type not in METHODS:
-            raise ValueError(
-                f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
-            )
-        scaling = {"rope_type": rope_type, **params}
-        if rope_type == "proportional":
-            scaling["partial_rotary_factor"] = prf
     return {
         "head_dim": head_dim,
         "base": float(theta),
         "rotary_dim": rotary_dim,
         "layout": "interleaved" if model_type in INTERLEAVED_MODEL_TYPES else "half",
-        "scaling": scaling,
+        "scaling": _scaling(rope_type, params, prf),
         "max_position_embeddings": max_pos,
     }
+
+
+def _rope_config(config):
+    """The config of a model or the config itself, once it is a config that describes RoPE; else a
+    ValueError saying what it is."""
+    if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
+        config = config.config
+    if not isinstance(config, Mapping) and not hasattr(config, "model_type"):
+        raise ValueError(
+            "config must be a transformers config, a config.json dict or a model, got "
+            f"{type(config).__name__}"
+        )
+    model_type = _get(config, "model_type", default="")
+    if model_type not in _ROPE_MODEL_TYPES and not any(_get(config, key) is not None for key in _ROPE_KEYS):
+        raise ValueError(
+            f"config (model_type={model_type!r}) describes no rotary embedding: it has none of "
+            f"{', '.join(_ROPE_KEYS)}; its model uses another positional encoding"
+        )
+    return config
+
+
+def _rope_parameters(config) -> dict:
+    """A copy of the config's one RoPE dict (``rope_parameters`` or ``rope_scaling``; {} when neither)."""
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"config's rope_parameters / rope_scaling must be a dict, got {params!r}")
+    if params and all(isinstance(v, Mapping) or v is None for v in params.values()):
+        raise ValueError(
+            f"per-layer-type rope_parameters (keys {sorted(params)}) are not supported: build one "
+            "RotaryEmbedding per layer type with posenc.RotaryEmbedding(..., "
+            "scaling=config.rope_parameters[type])"
+        )
+    return dict(params)
+
+
+def _scaling(rope_type: str, params: dict, prf: float) -> dict | None:
+    """RotaryEmbedding's ``scaling`` for a method and its remaining parameters (None: plain RoPE)."""
+    if rope_type == "default":
+        return None
+    if rope_type not in METHODS:
+        raise ValueError(
+            f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
+        )
+    scaling = {"rope_type": rope_type, **params}
+    if rope_type == "proportional":
+        scaling["partial_rotary_factor"] = prf
+    return scaling
 
 
 def rotary_from_config(config) -> RotaryEmbedding:

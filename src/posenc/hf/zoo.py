@@ -208,36 +208,18 @@ def check(model_type: str, scaling: dict | None = None) -> ZooResult:
     """Build ``model_type`` tiny (with ``scaling`` over its RoPE parameters, see :func:`scaled`), patch it
     and classify it (see the module docstring)."""
     from . import patch_model
-    from .patch import _takes_axis_positions
 
-    try:
-        config = tiny_config(model_type)
-        if scaling is not None:
-            config = scaled(config, scaling)
-        with torch.device("meta"):
-            size = sum(p.numel() for p in _model_class(model_type)(config).parameters())
-        if size > MAX_PARAMETERS:
-            return ZooResult(model_type, "not built tiny", f"{size / 1e6:.0f}M parameters after shrinking")
-        torch.manual_seed(0)
-        model = _model_class(model_type)(config).eval()
-    except Exception as e:  # transformers' own validation of a config it was not made for
-        return ZooResult(model_type, "not built tiny", _short(e))
+    built = _build(model_type, scaling)
+    if isinstance(built, ZooResult):
+        return built
+    config, model = built
     if not _rotary_modules(model):
         return ZooResult(model_type, "no rotary module")
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
-    offsets = (0, far)
     ids = torch.randint(3, 100, (1, LENGTH), generator=torch.Generator().manual_seed(0))
     try:
-        want = [_logits(model, ids, o) for o in offsets]
+        offsets, want = _unpatched(model, config, ids)
     except Exception as e:
         return ZooResult(model_type, "does not run tiny", _short(e))
-    if any(_takes_axis_positions(m) for m in _rotary_modules(model)):
-        try:  # M-RoPE: three axes that differ, where a wrong section layout shows
-            want.append(_logits(model, ids, _axis_positions(LENGTH)))
-            offsets = (*offsets, _axis_positions(LENGTH))
-        except Exception:  # its model builds the axes itself
-            pass
     want_decoded = _decoded(model, ids)
     _sabotage(model)
     try:
@@ -259,6 +241,47 @@ def check(model_type: str, scaling: dict | None = None) -> ZooResult:
             raise RuntimeError("cached decoding failed once patched")
     except Exception as e:
         return ZooResult(model_type, "accepted then crashed", _short(e))
+    return _classify(model_type, model, ids, (got, got_decoded), (want, want_decoded), shows)
+
+
+def _build(model_type: str, scaling: dict | None):
+    """(config, model) of ``model_type`` built tiny with seed 0, or the ZooResult saying why not."""
+    try:
+        config = tiny_config(model_type)
+        if scaling is not None:
+            config = scaled(config, scaling)
+        with torch.device("meta"):
+            size = sum(p.numel() for p in _model_class(model_type)(config).parameters())
+        if size > MAX_PARAMETERS:
+            return ZooResult(model_type, "not built tiny", f"{size / 1e6:.0f}M parameters after shrinking")
+        torch.manual_seed(0)
+        return config, _model_class(model_type)(config).eval()
+    except Exception as e:  # transformers' own validation of a config it was not made for
+        return ZooResult(model_type, "not built tiny", _short(e))
+
+
+def _unpatched(model, config, ids) -> tuple[tuple, list]:
+    """The positions checked (offset 0, a far offset, and three differing M-RoPE axes where the model takes
+    them) and the model's own logits at each."""
+    from .patch import _takes_axis_positions
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
+    offsets = (0, far)
+    want = [_logits(model, ids, o) for o in offsets]
+    if any(_takes_axis_positions(m) for m in _rotary_modules(model)):
+        try:  # M-RoPE: three axes that differ, where a wrong section layout shows
+            want.append(_logits(model, ids, _axis_positions(LENGTH)))
+            offsets = (*offsets, _axis_positions(LENGTH))
+        except Exception:  # its model builds the axes itself
+            pass
+    return offsets, want
+
+
+def _classify(model_type: str, model, ids, patched, unpatched, shows: float) -> ZooResult:
+    """Exact, exact with positions unseen, or silently wrong, from the patched and unpatched logits
+    (each ``(per offset, decoded)``); for the exact, the remap column too."""
+    (got, got_decoded), (want, want_decoded) = patched, unpatched
     prefill, far_diff, *axes = (_largest([g - w]) for g, w in zip(got, want, strict=True))
     prefill = max([prefill, *axes])
     decode = None if got_decoded is None else _largest([got_decoded - want_decoded])

@@ -99,6 +99,24 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", default="runs/extend", help="output directory; created if missing")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
+    _length_args(p)
+    p.add_argument("--seed", type=int, default=0, help="the passkey keys")
+    p.add_argument(
+        "--no-chat-template",
+        action="store_true",
+        help="ask the passkey as plain text, not in the chat template",
+    )
+    p.add_argument(
+        "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
+    )
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_extend)
+
+
+def _length_args(p) -> None:
+    """The trained length, the factor, and which tokens are scored."""
     p.add_argument(
         "--train-len",
         type=int,
@@ -118,16 +136,3 @@ def add_commands(subparsers) -> None:
         type=int,
         help="first tokens of the windows at the trained length scored as a short prompt (default: 1024)",
     )
-    p.add_argument("--seed", type=int, default=0, help="the passkey keys")
-    p.add_argument(
-        "--no-chat-template",
-        action="store_true",
-        help="ask the passkey as plain text, not in the chat template",
-    )
-    p.add_argument(
-        "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
-    )
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
-    p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_extend)

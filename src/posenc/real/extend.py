@@ -367,8 +367,6 @@ def _ppl(parts: list[list]) -> float | None:
 def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotary, remap, refused: dict) -> dict:
     """One method's results: every measure keyed by the length as a string, None where not measured (yet,
     or at all: ``not_applicable`` says why)."""
-    from posenc.lab.stats import wilson_interval
-
     row = {
         "method": method,
         "description": EXTEND_METHODS[method],
@@ -400,27 +398,8 @@ def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotary, remap, refuse
         done = [cell.items.get(j.item) for j in jobs[n]]
         wins = [r for j, r in zip(jobs[n], done, strict=True) if j.prompt is None]
         keys = [r for j, r in zip(jobs[n], done, strict=True) if j.prompt is not None]
-        whole = all(r is not None for r in wins)
-        row["ppl"][key] = _ppl([r["tail"] for r in wins]) if whole else None
-        row["ppl_all"][key] = _ppl([r["all"] for r in wins]) if whole else None
-        if whole and n == plan.short_length:
-            row["ppl_short"] = _ppl([r["head"] for r in wins])
-        row["ppl_by_context"][key] = (
-            [
-                [b[0], b[1], _ppl([r["buckets"][i][2:] for r in wins])]
-                for i, b in enumerate(wins[0]["buckets"])
-            ]
-            if whole
-            else None
-        )
-        if keys and all(r is not None for r in keys):
-            hits = sum(r["hit"] for r in keys)
-            row["passkey"][key] = hits / len(keys)
-            row["passkey_hits"][key] = hits
-            row["passkey_ci95"][key] = list(wilson_interval(hits, len(keys)))
-            row["passkey_trials"][key] = [{k: r[k] for k in ("depth", "key", "hit", "answer")} for r in keys]
-        else:
-            row["passkey"][key] = None
+        _fill_perplexity(row, key, wins, short=n == plan.short_length)
+        _fill_passkey(row, key, keys)
         present = [r for r in done if r is not None]
         row["seconds_by_length"][key] = round(math.fsum(r["seconds"] for r in present), 1)
         peaks = [r["peak_mib"] for r in present]
@@ -428,6 +407,35 @@ def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotary, remap, refuse
             row["peak_mib"] = max(row["peak_mib"] or 0.0, *peaks)
     row["seconds"] = round(math.fsum(row["seconds_by_length"].values()), 1)
     return row
+
+
+def _fill_perplexity(row: dict, key: str, wins: list, *, short: bool) -> None:
+    """A length's perplexities (of the final tokens, of every token, of the first tokens at the trained
+    length, by context bucket) from its windows' saved results; None until every window is done."""
+    whole = all(r is not None for r in wins)
+    row["ppl"][key] = _ppl([r["tail"] for r in wins]) if whole else None
+    row["ppl_all"][key] = _ppl([r["all"] for r in wins]) if whole else None
+    if whole and short:
+        row["ppl_short"] = _ppl([r["head"] for r in wins])
+    row["ppl_by_context"][key] = (
+        [[b[0], b[1], _ppl([r["buckets"][i][2:] for r in wins])] for i, b in enumerate(wins[0]["buckets"])]
+        if whole
+        else None
+    )
+
+
+def _fill_passkey(row: dict, key: str, keys: list) -> None:
+    """A length's passkey accuracy, hits, 95% Wilson interval and trials; None until every prompt is done."""
+    from posenc.lab.stats import wilson_interval
+
+    if not keys or any(r is None for r in keys):
+        row["passkey"][key] = None
+        return
+    hits = sum(r["hit"] for r in keys)
+    row["passkey"][key] = hits / len(keys)
+    row["passkey_hits"][key] = hits
+    row["passkey_ci95"][key] = list(wilson_interval(hits, len(keys)))
+    row["passkey_trials"][key] = [{k: r[k] for k in ("depth", "key", "hit", "answer")} for r in keys]
 
 
 def _payload(

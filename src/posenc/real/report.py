@@ -70,10 +70,7 @@ def _relative(v: float | None, ref: float | None) -> str:
 
 def markdown(payload: dict) -> str:
     """The report: what was run, the tables, the summary."""
-    m, L, rows = payload["model"], payload["train_len"], payload["results"]
-    lengths = payload["lengths"]
-    pk = payload["passkey"]
-    none = next((r for r in rows if r["method"] == "none"), None)
+    m, L = payload["model"], payload["train_len"]
     lines = [
         f"# posenc extend: {m['name']}",
         "",
@@ -83,34 +80,55 @@ def markdown(payload: dict) -> str:
         f"{payload['corpus']['path'] or 'the Python standard library'}, ending at the same tokens at every "
         f"length.",
         "",
+    ]
+    lines += _perplexity_section(payload) + _passkey_section(payload) + _cost_section(payload)
+    lines += _context_section(payload)
+    rows = payload["results"]
+    facts = summary(payload)
+    if facts:
+        lines += ["", "## Summary", "", *(f"- {f}" for f in facts)]
+    lines += ["", "## Methods", "", *(f"- **{r['method']}**: {r['description']}" for r in rows)]
+    if any(PENDING in line for line in lines):
+        lines += [
+            "",
+            f"Cells that read '{PENDING}': the run stopped before measuring them; the same command again "
+            "continues from its saved work.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _perplexity_section(payload: dict) -> list[str]:
+    L, rows, lengths = payload["train_len"], payload["results"], payload["lengths"]
+    head = ["method"] + [f"ppl@{n} ({_mult(n, L)})" for n in lengths]
+    body = [[r["method"]] + [_num(r["ppl"][str(n)], 2, _missing(r, n)) for n in lengths] for r in rows]
+    return [
         f"## Perplexity of the last {payload['score_tokens']} tokens of each window (the same tokens at "
         "every length)",
         "",
+        grid_table(head, body, 1),
     ]
-    head = ["method"] + [f"ppl@{n} ({_mult(n, L)})" for n in lengths]
-    lines.append(
-        grid_table(
-            head,
-            [[r["method"]] + [_num(r["ppl"][str(n)], 2, _missing(r, n)) for n in lengths] for r in rows],
-            1,
-        )
-    )
-    if pk["trials"]:
-        how = "in the model's chat template" if pk["chat_template"] else "as plain text"
-        lines += [
-            "",
-            f"## Passkey retrieval: accuracy [95% Wilson interval] of {pk['trials']} prompts per length",
-            "",
-            f"A {pk['digits']}-digit key at evenly spaced depths of repeated filler, asked {how}; a hit is "
-            "the key's every token as the greedy choice.",
-            "",
-        ]
-        head = ["method"] + [f"passkey@{n} ({_mult(n, L)})" for n in lengths]
-        lines.append(
-            grid_table(head, [[r["method"]] + [_passkey_cell(r, n) for n in lengths] for r in rows], 1)
-        )
-    short = payload["short_length"]
-    lines += ["", "## Cost inside the trained length, time and memory", ""]
+
+
+def _passkey_section(payload: dict) -> list[str]:
+    L, rows, lengths, pk = payload["train_len"], payload["results"], payload["lengths"], payload["passkey"]
+    if not pk["trials"]:
+        return []
+    how = "in the model's chat template" if pk["chat_template"] else "as plain text"
+    head = ["method"] + [f"passkey@{n} ({_mult(n, L)})" for n in lengths]
+    return [
+        "",
+        f"## Passkey retrieval: accuracy [95% Wilson interval] of {pk['trials']} prompts per length",
+        "",
+        f"A {pk['digits']}-digit key at evenly spaced depths of repeated filler, asked {how}; a hit is "
+        "the key's every token as the greedy choice.",
+        "",
+        grid_table(head, [[r["method"]] + [_passkey_cell(r, n) for n in lengths] for r in rows], 1),
+    ]
+
+
+def _cost_section(payload: dict) -> list[str]:
+    rows, lengths, short = payload["results"], payload["lengths"], payload["short_length"]
+    none = next((r for r in rows if r["method"] == "none"), None)
     head = [
         "method",
         f"ppl, first {payload['short_tokens']} tokens @{short} (vs none)" if short else "short-prompt ppl",
@@ -140,26 +158,18 @@ def markdown(payload: dict) -> str:
                 same,
             ]
         )
-    lines.append(grid_table(head, body, 2))
-    longest = str(lengths[-1])
-    curves = [r for r in rows if r["ppl_by_context"].get(longest)]
-    if curves:
-        buckets = curves[0]["ppl_by_context"][longest]
-        lines += ["", f"## Perplexity by context length at {longest} tokens", ""]
-        head = ["method"] + [f"{a}-{b}" for a, b, _ in buckets]
-        body = [[r["method"]] + [_num(p) for *_, p in r["ppl_by_context"][longest]] for r in curves]
-        lines.append(grid_table(head, body, 1))
-    facts = summary(payload)
-    if facts:
-        lines += ["", "## Summary", "", *(f"- {f}" for f in facts)]
-    lines += ["", "## Methods", "", *(f"- **{r['method']}**: {r['description']}" for r in rows)]
-    if any(PENDING in line for line in lines):
-        lines += [
-            "",
-            f"Cells that read '{PENDING}': the run stopped before measuring them; the same command again "
-            "continues from its saved work.",
-        ]
-    return "\n".join(lines) + "\n"
+    return ["", "## Cost inside the trained length, time and memory", "", grid_table(head, body, 2)]
+
+
+def _context_section(payload: dict) -> list[str]:
+    longest = str(payload["lengths"][-1])
+    curves = [r for r in payload["results"] if r["ppl_by_context"].get(longest)]
+    if not curves:
+        return []
+    buckets = curves[0]["ppl_by_context"][longest]
+    head = ["method"] + [f"{a}-{b}" for a, b, _ in buckets]
+    body = [[r["method"]] + [_num(p) for *_, p in r["ppl_by_context"][longest]] for r in curves]
+    return ["", f"## Perplexity by context length at {longest} tokens", "", grid_table(head, body, 1)]
 
 
 def summary(payload: dict) -> list[str]:
