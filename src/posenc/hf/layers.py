@@ -17,9 +17,10 @@ import torch
 
 from ..rope import RotaryEmbedding
 from .families import Attention, having
+from .ledger import Ledger
 from .plan import LayerPlan, Rope
 
-__all__ = ["ADAPTERS", "patch_layers", "unpatch_layers"]
+__all__ = ["ADAPTERS", "patch_layers"]
 
 
 ADAPTERS = having("attention")
@@ -180,8 +181,9 @@ def _record_forward(state: _State):
     return forward
 
 
-def patch_layers(model, plan, config, expected) -> None:
-    """Apply ``plan`` (one :class:`LayerPlan` per layer) to ``model``; see the module docstring."""
+def patch_layers(model, plan, config, expected, book: Ledger) -> None:
+    """Apply ``plan`` (one :class:`LayerPlan` per layer) to ``model``, every change into ``book``; see the
+    module docstring."""
     adapter = ADAPTERS[_model_type(config)]
     layers = _attention_layers(model)
     _check_plan(plan, layers, adapter, config, expected)
@@ -190,37 +192,16 @@ def patch_layers(model, plan, config, expected) -> None:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
     state = _State(tuple(plan), adapter)
     for rot in rotaries:
-        rot.forward = types.MethodType(_record_forward(state), rot)
-        rot._posenc_state = state
+        book.set(rot, "forward", types.MethodType(_record_forward(state), rot))
+        book.set(rot, "_posenc_state", state)
     for lp, attn in zip(plan, layers, strict=True):
-        saved = {"scaling": attn.scaling}
         width = (lp.rope.rotary_dim if lp.rope else getattr(attn, "qk_rope_head_dim", attn.head_dim)) // 2
-        handles = [attn.register_forward_pre_hook(_pre_hook(state, lp, width), with_kwargs=True)]
+        book.hook(attn.register_forward_pre_hook(_pre_hook(state, lp, width), with_kwargs=True))
         if adapter.rope_flag:
-            saved[adapter.rope_flag] = getattr(attn, adapter.rope_flag)
-            setattr(attn, adapter.rope_flag, True)  # NoPE layers get the identity rotation
+            book.set(attn, adapter.rope_flag, True)  # NoPE layers get the identity rotation
         if hasattr(attn, "attn_temperature_tuning"):
-            saved["attn_temperature_tuning"] = attn.attn_temperature_tuning
-            attn.attn_temperature_tuning = False  # posenc applies the plan's temperature instead
+            book.set(attn, "attn_temperature_tuning", False)  # posenc applies the plan's temperature instead
         if lp.temperature is not None:
-            handles.append(attn.q_proj.register_forward_hook(_temperature_hook(state, lp)))
+            book.hook(attn.q_proj.register_forward_hook(_temperature_hook(state, lp)))
         if lp.scale is not None:
-            attn.scaling = lp.scale
-        attn._posenc_saved, attn._posenc_handles = saved, handles
-
-
-def unpatch_layers(model) -> bool:
-    """Undo :func:`patch_layers`; True if anything was patched."""
-    found = False
-    for module in model.modules():
-        if hasattr(module, "_posenc_state"):
-            del module.forward, module._posenc_state
-            found = True
-        if hasattr(module, "_posenc_saved"):
-            for handle in module._posenc_handles:
-                handle.remove()
-            for name, value in module._posenc_saved.items():
-                setattr(module, name, value)
-            del module._posenc_saved, module._posenc_handles
-            found = True
-    return found
+            book.set(attn, "scaling", lp.scale)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import types
@@ -14,7 +15,8 @@ from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ._config import _get, rope_settings, rotary_from_config
 from .families import having
-from .layers import ADAPTERS, patch_layers, unpatch_layers
+from .layers import ADAPTERS, patch_layers
+from .ledger import is_patched, ledger, undo
 from .plan import MROPE_FAMILIES, position_plan, text_config
 from .remap import patch_remap
 from .replica import check_replica
@@ -274,7 +276,7 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     """
     config = text_config(getattr(model, "config", None) or {})
     model_type = getattr(config, "model_type", "")
-    if any(hasattr(m, "_posenc_saved") or hasattr(m, "posenc_rotary") for m in model.modules()):
+    if is_patched(model):
         raise ValueError("model is already patched: call posenc.hf.unpatch_model(model) first")
     if remap is not None and (model_type in ADAPTERS or plan is not None):
         raise ValueError(
@@ -310,14 +312,26 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
         plans.append((module, rot, forward, None, _keeps_float32(module)))
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
-    for module, rot, forward, forms, float32 in plans:
-        module.posenc_rotary = rot.to(_device_of(module))
-        if forms is not None:
-            module.posenc_forms = forms
-        if float32:
-            module.posenc_float32 = True
-        module.forward = types.MethodType(forward, module)
+    with _recorded(model) as book:
+        for module, rot, forward, forms, float32 in plans:
+            book.set(module, "posenc_rotary", rot.to(_device_of(module)))
+            if forms is not None:
+                book.set(module, "posenc_forms", forms)
+            if float32:
+                book.set(module, "posenc_float32", True)
+            book.set(module, "forward", types.MethodType(forward, module))
     return model
+
+
+@contextlib.contextmanager
+def _recorded(model):
+    """The model's ledger for a patch; should applying it fail half-way, what was applied is undone."""
+    book = ledger(model)
+    try:
+        yield book
+    except BaseException:
+        undo(model)
+        raise
 
 
 # rope_parameters keys that the model's own attention code applies from the position ids (Ministral 3's
@@ -454,7 +468,8 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
         check_replica(
             model, lambda replica: _patch_remap(replica, _rotary_targets(replica), None, NoRemap(), False)
         )
-    patch_remap(model, module, forward, own if rotary is None else rotary, remap)
+    with _recorded(model) as book:
+        patch_remap(model, module, forward, own if rotary is None else rotary, remap, book)
 
 
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
@@ -468,21 +483,14 @@ def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
             "pass plan= (see posenc.hf.position_plan)"
         )
     expected = position_plan(config)
-    patch_layers(model, expected if plan is None else tuple(plan), config, expected)
+    with _recorded(model) as book:
+        patch_layers(model, expected if plan is None else tuple(plan), config, expected, book)
 
 
 def unpatch_model(model):
-    """Undo :func:`patch_model`: the model computes its own cos/sin again. Returns the model."""
-    from .remap import unpatch_remap
-
-    unpatch_remap(model)
-    unpatch_layers(model)
-    for module in model.modules():
-        if hasattr(module, "posenc_rotary"):
-            del module.forward  # the instance attribute; the class's forward shows through again
-            del module.posenc_rotary
-            module.__dict__.pop("posenc_forms", None)
-            module.__dict__.pop("posenc_float32", None)
+    """Undo :func:`patch_model` (whichever way it patched: its ledger, :mod:`posenc.hf.ledger`): the model
+    computes its own positions again. Returns the model."""
+    undo(model)
     return model
 
 

@@ -26,8 +26,9 @@ import torch
 
 from ..remap import remap_attention
 from .layers import _attention_layers
+from .ledger import Ledger
 
-__all__ = ["IMPLEMENTATION", "patch_remap", "unpatch_remap"]
+__all__ = ["IMPLEMENTATION", "patch_remap"]
 
 IMPLEMENTATION = "posenc_remap"
 
@@ -102,13 +103,13 @@ def _before_forward(model, args, kwargs):
             "a model patched with remap= takes unpadded batches only (its keys start at position 0); this "
             "attention_mask masks some tokens: run the sequences one at a time"
         )
-    calls = model._posenc_remap_saved[2]
+    calls = model._posenc_remap_calls
     calls.clear()
     calls["n"] = 0
 
 
 def _after_forward(model, args, kwargs, output):
-    if model._posenc_remap_saved[2]["n"] == 0:
+    if model._posenc_remap_calls["n"] == 0:
         raise ValueError(
             f"{type(model).__name__}'s attention did not go through transformers' attention interface, so "
             "patch_model(remap=) cannot reach it (its queries and keys went unrotated): this family cannot "
@@ -116,46 +117,24 @@ def _after_forward(model, args, kwargs, output):
         )
 
 
-def patch_remap(model, module, forward, rotary, remap) -> None:
+def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
     """Give the rotary module ``module`` ``forward`` (its hand-out form) with the identity, every attention
     layer ``(rotary, remap)``, and the model the ``posenc_remap`` attention implementation (module
-    docstring)."""
+    docstring); every change into ``book``."""
     from transformers import AttentionInterface
 
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
     AttentionInterface.register(IMPLEMENTATION, _remap_forward)
-    module.posenc_rotary = rotary.to(next(iter(module.buffers()), torch.empty(0)).device)
+    book.set(module, "posenc_rotary", rotary.to(next(iter(module.buffers()), torch.empty(0)).device))
     # per forward: attention calls, the position ids the rotary module was given, the last query's position
     calls = {"n": 0}
-    module.posenc_identity = calls
-    module.forward = types.MethodType(forward, module)
+    book.set(module, "posenc_identity", calls)
+    book.set(module, "forward", types.MethodType(forward, module))
     for layer in layers:
-        layer._posenc_remap = (rotary, remap, calls)
-    model._posenc_remap_saved = (
-        model.config._attn_implementation,
-        (
-            model.register_forward_pre_hook(_before_forward, with_kwargs=True),
-            model.register_forward_hook(_after_forward, with_kwargs=True),
-        ),
-        calls,
-    )
-    model.config._attn_implementation = IMPLEMENTATION
-
-
-def unpatch_remap(model) -> None:
-    """Undo :func:`patch_remap`'s changes to the attention layers and the model (the rotary module is
-    restored by :func:`~posenc.hf.unpatch_model`)."""
-    saved = getattr(model, "_posenc_remap_saved", None)
-    if saved is None:
-        return
-    implementation, hooks, _ = saved
-    model.config._attn_implementation = implementation
-    for hook in hooks:
-        hook.remove()
-    del model._posenc_remap_saved
-    for module in model.modules():
-        if hasattr(module, "_posenc_remap"):
-            del module._posenc_remap
-        module.__dict__.pop("posenc_identity", None)
+        book.set(layer, "_posenc_remap", (rotary, remap, calls))
+    book.set(model, "_posenc_remap_calls", calls)
+    book.hook(model.register_forward_pre_hook(_before_forward, with_kwargs=True))
+    book.hook(model.register_forward_hook(_after_forward, with_kwargs=True))
+    book.set(model.config, "_attn_implementation", IMPLEMENTATION)

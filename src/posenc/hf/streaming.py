@@ -28,12 +28,12 @@ def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    if getattr(model, "_posenc_remap_saved", None) is None:
+    if getattr(model, "_posenc_remap_calls", None) is None:
         raise ValueError(
             "streaming_cache needs a model patched with posenc.hf.patch_model(model, remap=...) (remap="
             "posenc.remap.NoRemap() for StreamingLLM itself): its cache must hold unrotated keys"
         )
-    calls = model._posenc_remap_saved[2]
+    calls = model._posenc_remap_calls
     sink_tokens = _checks.positive_int("sink_tokens", sink_tokens, minimum=0, size=True)
     window = _checks.positive_int("window", window, size=True)
 
