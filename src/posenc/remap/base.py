@@ -208,6 +208,35 @@ def remap_attention(
         window = _checks.positive_int("window", window)
     if q.shape[-2] == 0:
         return q.new_empty(*q.shape[:-1], v.shape[-1])
+    qs, ks, bands = _rotated_views(q, k, rotary, remap, offset, window)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if kernel == "flash":
+        return remap_attention_blocked(
+            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks, offset=offset
+        )
+    if kernel == "flex":
+        return remap_attention_flex(
+            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, sinks=sinks, offset=offset
+        )
+    fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1], offset=offset)
+    width = len(bands) + 4  # the scores, the weights, one view's scores and its band mask, per block
+    params = () if sinks is None else (sinks,)
+    return query_blocked_attention(
+        fn,
+        torch.cat(qs, -1),
+        torch.cat(ks, -1),
+        v,
+        params,
+        causal=True,
+        scale=scale,
+        width=width,
+        block=block,
+    )
+
+
+def _rotated_views(q, k, rotary, remap: Remap, offset: int, window: int | None):
+    """Per view of ``remap`` (clipped to ``window``), q and k rotated at its query and key positions (q
+    times the remap's query scale), and the views' bands of distances."""
     lq, lk = q.shape[-2], k.shape[-2]
     if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
         reach = offset + lk if window is None else min(offset + lk, window)
@@ -226,27 +255,4 @@ def remap_attention(
             qv = qv * factor.to(qv.dtype)[:, None]
         qs.append(qv)
         ks.append(k if rotary is None else rotary.rotate(k, positions=view.k, context_len=context))
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    bands = tuple(Band(w.lo, w.hi, w.unit) for w in views)
-    if kernel == "flash":
-        return remap_attention_blocked(
-            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, block=block, sinks=sinks, offset=offset
-        )
-    if kernel == "flex":
-        return remap_attention_flex(
-            torch.stack(qs), torch.stack(ks), v, bands, scale=scale, sinks=sinks, offset=offset
-        )
-    fn = functools.partial(_views_block, bands=bands, dim=q.shape[-1], offset=offset)
-    width = len(views) + 4  # the scores, the weights, one view's scores and its band mask, per block
-    params = () if sinks is None else (sinks,)
-    return query_blocked_attention(
-        fn,
-        torch.cat(qs, -1),
-        torch.cat(ks, -1),
-        v,
-        params,
-        causal=True,
-        scale=scale,
-        width=width,
-        block=block,
-    )
+    return qs, ks, tuple(Band(w.lo, w.hi, w.unit) for w in views)
