@@ -3,6 +3,7 @@
 - :mod:`.frequencies`: the frequency schedule of every context-extension method, and its registry;
 - :mod:`.table`: cos/sin tables for positions, with one lookup path;
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
+- :mod:`.checks`: the argument checks the rotary modules share;
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
 - :mod:`.streaming`: StreamingLLM's cache, attention-sink tokens and a recent window at cache positions;

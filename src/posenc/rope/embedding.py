@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import _checks
 from ..kernels import apply_rotary, apply_rotary_qk, check_inplace, rotate_small
+from .checks import check_pair, check_x, key_positions
 from .frequencies import resolve_schedule
 from .table import CosSinTable, default_context
 
@@ -127,7 +128,7 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` and ``factor`` (int/float or (batch,) tensors) pick the schedule of length-dependent
         methods and per-sequence scaling factors; see :meth:`frequencies`.
         """
-        _check_x(self, "x", x)
+        check_x(self, "x", x)
         cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
         return apply_rotary(x, cos, sin, layout=self.layout)
 
@@ -167,7 +168,7 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` / ``factor``: see :meth:`rotate`; for length-dependent methods the default context is
         1 + the last key position, so q and k always share one schedule.
         """
-        _check_pair(self, q, k, inplace)
+        check_pair(self, q, k, inplace)
         if positions is None and k_positions is None and _small(self, q, k, context_len, factor):
             if inplace:
                 check_inplace((("q", q), ("k", k)))
@@ -176,7 +177,7 @@ class RotaryEmbedding(nn.Module):
             # in-place walk costs more in per-op overhead than a copy of a few KiB)
             return (q.copy_(q_rot), k.copy_(k_rot)) if inplace else (q_rot, k_rot)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        k_positions = _key_positions(q_len, k_len, positions, k_positions)
+        k_positions = key_positions(q_len, k_len, positions, k_positions)
         if (
             positions is None
             and isinstance(k_positions, torch.Tensor)
@@ -229,33 +230,3 @@ def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
         rows_q if q_len == k_len else rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
     )
     return rotate_small(q, rows_q, rope.layout), rotate_small(k, rows_k, rope.layout)
-
-
-def _key_positions(q_len: int, k_len: int, positions, k_positions):
-    """The keys' positions: ``k_positions``, else the queries' ``positions`` when q and k have one length."""
-    if positions is not None and k_positions is None:
-        if q_len != k_len:
-            raise ValueError(
-                f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
-            )
-        return positions
-    return k_positions
-
-
-def _check_x(rope: RotaryEmbedding, name: str, x) -> None:
-    _checks.tensor_rank(name, x, 2)
-    if x.shape[-1] != rope.head_dim:
-        raise ValueError(
-            f"{name} must have last dimension head_dim={rope.head_dim}, got shape {tuple(x.shape)}"
-        )
-
-
-def _check_pair(rope: RotaryEmbedding, q, k, inplace: bool) -> None:
-    _check_x(rope, "q", q)
-    _check_x(rope, "k", k)
-    if q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(
-            f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    if inplace and q.data_ptr() == k.data_ptr() and q.numel():
-        raise ValueError("inplace=True with q and k the same tensor would rotate it twice; pass two tensors")
