@@ -10,7 +10,7 @@ import torch
 
 from .. import _checks
 
-__all__ = ["check_fits", "check_pair", "check_x", "key_positions"]
+__all__ = ["check_fits", "check_pair", "check_x", "key_positions", "seq_and_positions"]
 
 
 def key_positions(q_len: int, k_len: int, positions, k_positions):
@@ -53,3 +53,22 @@ def check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor
     worst = float(torch.maximum(scale.amax(), 1.0 / scale.amin()))
     if worst > limit:
         raise ValueError(f"xPos factors reach {worst:.3g}, past {dtype}'s largest {limit:.3g}: {why}")
+
+
+def seq_and_positions(seq_len, positions):
+    """``cos_sin``'s (seq_len, positions) checked: a tensor given as ``seq_len`` is the positions (the
+    protocol's ``cos_sin(positions)``), and ``seq_len`` defaults to their length."""
+    if isinstance(seq_len, torch.Tensor):
+        if positions is not None:
+            raise ValueError("positions given twice: pass cos_sin(positions) or cos_sin(seq_len, positions)")
+        seq_len, positions = None, seq_len
+    if seq_len is None:
+        if not isinstance(positions, torch.Tensor):
+            raise ValueError(
+                f"cos_sin needs positions (a tensor (seq,) or (batch, seq)) or seq_len, got positions="
+                f"{type(positions).__name__} and no seq_len"
+            )
+        seq_len = positions.shape[-1] if positions.dim() else 0
+    if positions is not None:
+        positions = _checks.positions(positions, seq_len)
+    return seq_len, positions

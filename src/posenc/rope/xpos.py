@@ -51,6 +51,9 @@ class XPos(RotaryEmbedding):
     Shape:
         forward(q, k, positions=None, offset=0, *, k_positions=None, centre=None) -> (q, k), as
         :meth:`RotaryEmbedding.forward`; ``centre``: a number or a (batch,) tensor, one per sequence.
+        rotate(x, positions=None, offset=0, *, kind="q", centre=None) -> x: one tensor, as queries unless
+        ``kind="k"`` (queries scale by zeta^(+n/B), keys by zeta^(-n/B)); with the default centre,
+        ``rotate(x)`` is ``forward(x, k)[0]`` for any k of x's length.
     """
 
     def __init__(
@@ -90,9 +93,10 @@ class XPos(RotaryEmbedding):
         return torch.exp(exponent[..., None] * log_zeta)
 
     def rotate(
-        self, x, positions=None, offset: int = 0, *, kind=None, centre=None, context_len=None, factor=None
+        self, x, positions=None, offset: int = 0, *, kind="q", centre=None, context_len=None, factor=None
     ):
-        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q") or keys (kind="k").
+        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q", the default: what
+        :meth:`forward` returns for q) or keys (kind="k").
 
         ``centre`` (else the module's, else the middle of x's own positions): pass the same one for the
         queries and keys that will meet, e.g. new tokens' keys appended to a cache of scaled keys.
