@@ -66,7 +66,7 @@ def materialised_bias(bias, seq: int) -> torch.Tensor:
     """The (heads, seq, seq) causal bias as a user would build it for SDPA's attn_mask: a table bias as one
     gather from its (heads, 2 seq - 1) distance table (its generic ``.bias()`` evaluates the table at every
     (i, j), which for Sandwich is seq^2 x dim / 2 float64 cosines), a tile bias through ``.bias()``."""
-    if getattr(bias, "per_tile", True):  # ALiBi has its own .bias(); FIRE is per tile
+    if getattr(bias, "per_tile", True):  # FIRE; table biases (ALiBi among them) take the gather
         return bias.bias(seq, seq, causal=True)
     pos = torch.arange(seq, device=bias._device())
     return bias.distance_table(seq, causal=True)[:, pos[:, None] - pos[None, :] + seq - 1]
