@@ -43,6 +43,8 @@ class RotaryEmbedding(CacheHooks, nn.Module):
         forward(q, k, positions=None, offset=0) -> (q, k): q (..., q_len, head_dim), k (..., k_len, head_dim).
         positions / k_positions: (seq,) or (batch, seq), integer or fractional; default: keys at
         offset .. offset+k_len-1, queries at the last q_len of those (decoding with a cache).
+        rotate(x, positions=None, offset=0) -> x; cos_sin(positions) or cos_sin(seq_len, ...) -> (cos, sin).
+        It implements :class:`~.protocol.RotaryProtocol`, as do XPos, M-RoPE and axial RoPE.
     """
 
     def __init__(
