@@ -1,7 +1,5 @@
 """ALiBi module against posenc.reference."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -80,15 +78,20 @@ def test_alibi_is_a_table_score_bias():
 
 
 @given(st.integers(1, 9), st.integers(1, 30), st.integers(0, 20), st.booleans(), st.booleans())
-def test_alibi_bias_is_what_it_was_bit_for_bit(n_heads, q_len, extra, causal, learnable):
-    """The inherited ScoreBias.bias gives the formula ALiBi.bias computed itself, -m_h |i - j|, bit for bit
-    (the materialised attention path adds it to the scores)."""
+def test_alibi_bias_is_the_score_bias_of_its_table_bit_for_bit(n_heads, q_len, extra, causal, learnable):
+    """ALiBi.bias (closed form, what attention's materialised path adds) and ScoreBias.bias (the generic
+    lookup of its table -m_h |d|) are the same numbers, bit for bit, with the same slope gradients."""
+    from posenc import ScoreBias
+
     alibi = ALiBi(n_heads, learnable=learnable)
-    d = alibi.distance(q_len, q_len + extra)
-    want = -alibi.slopes[:, None, None] * d.abs()[None]
-    if causal:
-        want = want.masked_fill((d < 0)[None], -math.inf)
-    assert torch.equal(alibi.bias(q_len, q_len + extra, causal=causal), want)
+    got = alibi.bias(q_len, q_len + extra, causal=causal)
+    want = ScoreBias.bias(alibi, q_len, q_len + extra, causal=causal)
+    assert torch.equal(got, want)
+    if learnable:
+        g = torch.randn(got.shape).masked_fill(torch.isinf(got), 0.0)
+        (grad,) = torch.autograd.grad(got, alibi.log_slopes, g, allow_unused=True)
+        (grad_want,) = torch.autograd.grad(want, alibi.log_slopes, g, allow_unused=True)
+        torch.testing.assert_close(grad, grad_want, rtol=1e-6, atol=0)
 
 
 def test_alibi_state_dict_keys_are_unchanged_and_old_checkpoints_load():
