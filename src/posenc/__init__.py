@@ -28,6 +28,7 @@ from .rope import (
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryKVCache,
+    RotaryProtocol,
     StreamingKVCache,
     XPos,
     blockwise_causal_mask,
@@ -78,5 +79,6 @@ __all__ = [
     "packed_positions",
     "rerotate_keys",
     "RotaryKVCache",
+    "RotaryProtocol",
     "StreamingKVCache",
 ]

@@ -1,19 +1,18 @@
 """One attention entry point that applies any positional scheme on the best kernel available.
 
-``attention(q, k, v, rotary=..., bias=...)`` rotates q and k when given a :class:`RotaryEmbedding` (fused
-kernels, :mod:`posenc.kernels`), then attends:
+``attention(q, k, v, rotary=..., bias=...)`` rotates q and k with any rotary embedding
+(:class:`~posenc.rope.protocol.RotaryProtocol`: RoPE on its fused kernels, :mod:`posenc.kernels`; xPos;
+M-RoPE; axial RoPE), then attends:
 
 * no bias (RoPE, absolute, none): ``F.scaled_dot_product_attention`` (flash kernels on CPU and CUDA).
-* :class:`ALiBi` (Press et al. 2021, arxiv.org/abs/2108.12409), never materialising (heads, L, L):
-  - CUDA: FlexAttention with :meth:`ALiBi.score_mod` and a causal block mask, compiled once per process.
-  - CPU: :mod:`posenc.kernels.alibi_blocked`, torch's CPU flash kernel on blocks of queries with the bias
-    folded into an appended head dimension; forward and backward, O(L) memory per head.
+* a :class:`~posenc.bias.base.ScoreBias` (ALiBi, Press et al. 2021, arxiv.org/abs/2108.12409; T5, KERPLE,
+  Sandwich, FIRE, ...), never materialising (heads, L, L):
+  - CUDA: FlexAttention with the bias's ``score_mod`` and a causal block mask, compiled once per process.
+  - CPU: the bias's ``blocked_attention``: torch's CPU flash kernel on blocks of queries, forward and
+    backward, O(L) memory per head; :mod:`posenc.kernels.bias_blocked` (one kernel for every bias), or
+    for ALiBi :mod:`posenc.kernels.alibi_blocked`, the bias folded into an appended head dimension.
   - tiny biases (heads * q_len * k_len <= ``MATERIALISE_MAX``, whatever the batch): the materialised bias
     and SDPA, which is as fast there and has the fewest moving parts.
-* any other :class:`~posenc.bias.base.ScoreBias` (T5, KERPLE, Sandwich, FIRE, ...), never materialising
-  (heads, L, L) either: FlexAttention with its ``score_mod`` on CUDA; on the CPU
-  :mod:`posenc.kernels.bias_blocked` (one blocked kernel with its own backward for every bias), or the
-  materialised bias for tiny inputs, as for ALiBi.
 * a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE), whose terms
   depend on the query content: its own ``attend``, blocks of queries under a checkpoint
   (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
@@ -33,12 +32,12 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from .bias import ALiBi
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
 from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
-from .rope import MRotaryEmbedding, RotaryEmbedding
+from .rope import RotaryEmbedding
+from .rope.protocol import RotaryProtocol, is_rotary
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
 
@@ -90,21 +89,22 @@ def _flex_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool)
 
 
 def _bias_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
-    """ALiBi or any ScoreBias: FlexAttention on CUDA, the materialised bias when tiny, else blocked."""
+    """A ScoreBias: FlexAttention on CUDA, the materialised bias when tiny, else the bias's blocked kernel."""
     q_len, k_len = q.shape[-2], k.shape[-2]
+    name = type(bias).__name__
+    if bias.n_heads != q.shape[1]:
+        raise ValueError(f"{name} has n_heads={bias.n_heads}, but q has {q.shape[1]} heads")
+    if not causal and q_len > k_len:
+        raise ValueError(
+            f"{name} needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
+        )
     backend = bias_backend(q, k)
     if backend == "flex":
         return _flex_attention(q, k, v, bias, causal, scale, enable_gqa)
     if backend == "materialise":
         mask = bias.bias(q_len, k_len, causal=causal).to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-    if isinstance(bias, ALiBi):
-        from .kernels.alibi_blocked import alibi_attention_blocked
-
-        return alibi_attention_blocked(q, k, v, bias.slopes, causal=causal, scale=scale)
-    from .kernels.bias_blocked import bias_attention_blocked
-
-    return bias_attention_blocked(q, k, v, bias, causal=causal, scale=scale)
+    return bias.blocked_attention(q, k, v, causal, scale)
 
 
 def _causal_mask(q_len: int, k_len: int, device) -> torch.Tensor:
@@ -153,24 +153,60 @@ def _mask_tensor(bias: torch.Tensor, q: torch.Tensor, causal: bool, k_len: int):
     return mask, None
 
 
-def _rotate_multimodal(rotary, q, k, positions, k_positions, offset):
-    """q and k rotated by M-RoPE: queries at ``positions`` ((3, batch, q_len) or text positions), keys at
-    ``k_positions`` (default: ``positions``, when q and k have one length)."""
-    if positions is None:
-        raise ValueError(
-            "rotary=MRotaryEmbedding needs positions=: (3, batch, seq) time/height/width ids, or text "
-            "positions"
-        )
-    if offset:
-        raise ValueError(f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead")
-    if k_positions is None:
-        if q.shape[-2] != k.shape[-2]:
+def _rotate(rotary, q, k, positions, k_positions, offset):
+    """q and k rotated by any :class:`RotaryProtocol` (RoPE keeps its fused kernels: this is its own call),
+    or as they are without one."""
+    if rotary is None:
+        if positions is not None or k_positions is not None or offset:
             raise ValueError(
-                f"q has {q.shape[-2]} positions and k {k.shape[-2]}: with MRotaryEmbedding give the keys' "
-                "k_positions="
+                "positions, k_positions and offset are only used with rotary=; got them without a rotary "
+                "embedding"
             )
-        return rotary(q, k, positions)
-    return rotary.rotate(q, positions), rotary.rotate(k, k_positions)
+        return q, k
+    if not is_rotary(rotary):
+        raise ValueError(
+            "rotary must be a posenc rotary embedding (RotaryEmbedding, XPos, MRotaryEmbedding, "
+            f"AxialRotaryEmbedding: any posenc.RotaryProtocol) or None, got {type(rotary).__name__}"
+        )
+    return rotary(q, k, positions=positions, k_positions=k_positions, offset=offset)
+
+
+def _tensor_bias_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
+    """A materialised bias: a boolean mask or float scores, checked to broadcast to (batch, heads, q, k)."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    want = (q.shape[0], q.shape[1], q_len, k_len)
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, want)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != want:
+        raise ValueError(
+            f"bias must broadcast to (batch, heads, q_len, k_len) = {want}, got shape {tuple(bias.shape)}"
+        )
+    mask, rows = _mask_tensor(bias, q, causal, k_len)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+    return out if rows is None else out.masked_fill(~rows, 0.0)
+
+
+def _attend(q, k, v, bias, causal: bool, scale: float) -> torch.Tensor:
+    """Rotated q, k and v attended with ``bias``: the path for each kind of bias (module docstring)."""
+    enable_gqa = True if q.shape[1] != k.shape[1] else False  # a plain bool even for symbolic head counts
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if bias is None:
+        if causal and q_len != k_len:
+            mask = _causal_mask(q_len, k_len, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+    if isinstance(bias, ScoreBias):
+        return _bias_attention(q, k, v, bias, causal, scale, enable_gqa)
+    if isinstance(bias, ContentBias):
+        return bias.attend(q, k, v, causal=causal, scale=scale)
+    if not isinstance(bias, torch.Tensor):
+        raise ValueError(
+            f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
+            f"ContentBias (ShawRelative, CoPE), a tensor or None, got {type(bias).__name__}"
+        )
+    return _tensor_bias_attention(q, k, v, bias, causal, scale, enable_gqa)
 
 
 def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks):
@@ -218,8 +254,8 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    rotary: RotaryEmbedding | MRotaryEmbedding | None = None,
-    bias: ALiBi | ScoreBias | ContentBias | torch.Tensor | None = None,
+    rotary: RotaryProtocol | None = None,
+    bias: ScoreBias | ContentBias | torch.Tensor | None = None,
     causal: bool = True,
     positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
@@ -233,21 +269,23 @@ def attention(
     Args:
         q: (batch, heads, q_len, head_dim); k: (batch, kv_heads, k_len, head_dim);
             v: (batch, kv_heads, k_len, v_dim). kv_heads may divide heads (grouped-query attention).
-        rotary: a :class:`RotaryEmbedding` that rotates q and k before attending, or an
+        rotary: a rotary embedding that rotates q and k before attending, anything implementing
+            :class:`~posenc.rope.protocol.RotaryProtocol`: a :class:`RotaryEmbedding` or :class:`XPos`; an
             :class:`MRotaryEmbedding` (multimodal RoPE), which takes ``positions`` as (3, batch, q_len)
-            time/height/width ids and the keys' ``k_positions`` when their length differs.
-        bias: an :class:`ALiBi` module or another score bias (:class:`~posenc.bias.base.ScoreBias`:
-            T5Bias, KerpleBias, SandwichBias, FireBias); a content bias
+            time/height/width ids and the keys' ``k_positions`` when their length differs; an
+            :class:`AxialRotaryEmbedding`, which takes (N, axes) grid coordinates as ``positions``.
+        bias: a score bias (:class:`~posenc.bias.base.ScoreBias`: ALiBi, T5Bias, KerpleBias, SandwichBias,
+            FireBias); a content bias
             (:class:`~posenc.bias.content.ContentBias`: ShawRelative, CoPE); a boolean mask broadcastable to
             (batch, heads, q_len, k_len), True where a query may attend (as ``scaled_dot_product_attention``'s
             ``attn_mask``); or a float tensor added to the scores.
         causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
-        positions: (q_len,) or (batch, q_len) query positions for the rotary embedding; default: the last
-            q_len of the key positions.
+        positions: (q_len,) or (batch, q_len) query positions for the rotary embedding (M-RoPE and axial:
+            theirs, above); default: the last q_len of the key positions.
         k_positions: (k_len,) or (batch, k_len) key positions (batched decoding with left padding); default
             ``positions`` when q and k have one length, else offset .. offset+k_len-1.
         offset: position of the first key when no positions are given (decoding with a cache of unrotated
-            keys: 0; a sliding chunk: its start).
+            keys: 0; a sliding chunk: its start); 1-D RoPE and xPos only.
         scale: score scale, default 1/sqrt(head_dim) (T5 uses 1.0).
         remap: a :class:`~posenc.remap.Remap` (SelfExtend, ReRoPE, STRING): training-free context extension,
             ``rotary``'s RoPE at remapped distances; q and k unrotated (with a cache: unrotated keys), causal,
@@ -264,55 +302,8 @@ def attention(
         return _remap_attention(
             q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks
         )
-    if isinstance(rotary, MRotaryEmbedding):
-        q, k = _rotate_multimodal(rotary, q, k, positions, k_positions, offset)
-    elif rotary is not None:
-        if not isinstance(rotary, RotaryEmbedding):
-            raise ValueError(
-                "rotary must be a posenc.RotaryEmbedding, a posenc.MRotaryEmbedding or None, got "
-                f"{type(rotary).__name__}"
-            )
-        q, k = rotary(q, k, positions=positions, offset=offset, k_positions=k_positions)
-    elif positions is not None or k_positions is not None or offset:
-        raise ValueError(
-            "positions, k_positions and offset are only used with rotary=; got them without a rotary "
-            "embedding"
-        )
+    q, k = _rotate(rotary, q, k, positions, k_positions, offset)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _checks.positive_float("scale", scale)
-    enable_gqa = True if q.shape[1] != k.shape[1] else False  # a plain bool even for symbolic head counts
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    if q_len == 0:  # empty in, empty out, whatever the scheme
+    if q.shape[-2] == 0:  # empty in, empty out, whatever the scheme
         return q.new_empty(*q.shape[:-1], v.shape[-1])
-    if bias is None:
-        if causal and q_len != k_len:
-            mask = _causal_mask(q_len, k_len, q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
-    if isinstance(bias, (ALiBi, ScoreBias)):
-        name = type(bias).__name__
-        if bias.n_heads != q.shape[1]:
-            raise ValueError(f"{name} has n_heads={bias.n_heads}, but q has {q.shape[1]} heads")
-        if not causal and q_len > k_len:
-            raise ValueError(
-                f"{name} needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
-            )
-        return _bias_attention(q, k, v, bias, causal, scale, enable_gqa)
-    if isinstance(bias, ContentBias):
-        return bias.attend(q, k, v, causal=causal, scale=scale)
-    if not isinstance(bias, torch.Tensor):
-        raise ValueError(
-            f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
-            f"ContentBias (ShawRelative, CoPE), a tensor or None, got {type(bias).__name__}"
-        )
-    want = (q.shape[0], q.shape[1], q_len, k_len)
-    try:
-        broadcast = torch.broadcast_shapes(bias.shape, want)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != want:
-        raise ValueError(
-            f"bias must broadcast to (batch, heads, q_len, k_len) = {want}, got shape {tuple(bias.shape)}"
-        )
-    mask, rows = _mask_tensor(bias, q, causal, k_len)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-    return out if rows is None else out.masked_fill(~rows, 0.0)
+    return _attend(q, k, v, bias, causal, scale)

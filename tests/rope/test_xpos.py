@@ -184,7 +184,7 @@ def test_bad_calls():
     xpos = XPos(8)
     x = _randn(2, 1, 4, 8)
     with pytest.raises(ValueError, match="kind must be one of 'q', 'k'; got None"):
-        xpos.rotate(x)
+        xpos.rotate(x, kind=None)  # rotate(x) alone rotates queries (kind="q" by default)
     with pytest.raises(ValueError, match="kind must be one of 'q', 'k'; got 'v'"):
         xpos.rotate(x, kind="v")
     with pytest.raises(ValueError, match=r"centre must be a number or a \(batch,\) tensor"):

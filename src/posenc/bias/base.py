@@ -3,12 +3,17 @@ key position j.
 
 Two granularities, one interface:
 
-* **table biases** (T5, KERPLE, Sandwich): b_h(i, j) depends on i - j only. A subclass implements
+* **table biases** (ALiBi, T5, KERPLE, Sandwich): b_h(i, j) depends on i - j only. A subclass implements
   :meth:`ScoreBias.table`, the (n_heads, n) bias at n signed distances; attention looks values up in one
   (n_heads, 2 k_len - 1) table, and the gradient of a table entry is the sum of the score gradients dS along
   its diagonal.
 * **tile biases** (FIRE, whose normaliser depends on the query position): a subclass sets ``per_tile = True``
   and implements :meth:`ScoreBias.tile`, the (n_heads, nq, nk) bias of a block of queries and keys.
+
+:func:`posenc.attention` runs a bias on FlexAttention (:meth:`ScoreBias.score_mod`) on CUDA, materialised
+(:meth:`ScoreBias.bias`) when tiny, else on :meth:`ScoreBias.blocked_attention`: one blocked CPU kernel
+for every bias (:mod:`posenc.kernels.bias_blocked`), which a bias with a faster kernel of its own
+overrides (ALiBi: :mod:`posenc.kernels.alibi_blocked`).
 
 Positions are absolute: with q_len < k_len the queries are the *last* q_len of the k_len positions
 (decoding with a KV cache), for :meth:`bias`, :meth:`score_mod` and :func:`posenc.attention` alike.
@@ -23,10 +28,12 @@ import torch
 from .. import _checks
 from .._precision import KeepsPrecision
 
-__all__ = ["ScoreBias"]
+__all__ = ["ScoreBias", "check_lengths"]
 
 
-def _lengths(q_len, k_len) -> tuple[int, int]:
+def check_lengths(q_len, k_len) -> tuple[int, int]:
+    """(q_len, k_len) of a bias's ``bias``/``score_mod``/``mask_mod``: k_len defaults to q_len and may not be
+    shorter (the queries are the last q_len keys)."""
     _checks.positive_int("q_len", q_len)
     k_len = q_len if k_len is None else _checks.positive_int("k_len", k_len)
     if k_len < q_len:
@@ -77,7 +84,7 @@ class ScoreBias(KeepsPrecision):
 
     def bias(self, q_len: int, k_len: int | None = None, causal: bool = True) -> torch.Tensor:
         """The materialised bias, (n_heads, q_len, k_len); with ``causal`` keys after the query get -inf."""
-        q_len, k_len = _lengths(q_len, k_len)
+        q_len, k_len = check_lengths(q_len, k_len)
         device = self._device()
         q_pos = torch.arange(k_len - q_len, k_len, device=device)
         k_pos = torch.arange(k_len, device=device)
@@ -93,7 +100,7 @@ class ScoreBias(KeepsPrecision):
         """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` adding this bias; query index q_idx sits
         at position ``q_idx + k_len - q_len`` (bottom-right, as :meth:`bias`); with ``causal`` later keys get
         -inf. A table bias looks its values up in :meth:`distance_table`; tile biases override this."""
-        q_len, k_len = _lengths(q_len, k_len)
+        q_len, k_len = check_lengths(q_len, k_len)
         shift, centre = k_len - q_len, k_len - 1
         tab = self.distance_table(k_len, causal=False)
 
@@ -106,9 +113,19 @@ class ScoreBias(KeepsPrecision):
 
         return table_score_mod
 
+    def blocked_attention(self, q, k, v, causal: bool, scale: float) -> torch.Tensor:
+        """Attention with this bias on the CPU in O(L) memory per head (no (heads, L, L) tensor), the path
+        :func:`posenc.attention` takes above ``MATERIALISE_MAX`` scores: q (batch, heads, q_len, dim), k
+        (batch, kv_heads, k_len, dim), v (batch, kv_heads, k_len, v_dim) -> (batch, heads, q_len, v_dim).
+        Here :mod:`posenc.kernels.bias_blocked`, one kernel for every table and tile bias; a bias with a
+        faster kernel of its own overrides this."""
+        from ..kernels.bias_blocked import bias_attention_blocked
+
+        return bias_attention_blocked(q, k, v, self, causal=causal, scale=scale)
+
     def mask_mod(self, q_len: int, k_len: int | None = None):
         """A FlexAttention ``mask_mod``: bottom-right causal masking, True where a key is visible."""
-        q_len, k_len = _lengths(q_len, k_len)
+        q_len, k_len = check_lengths(q_len, k_len)
         shift = k_len - q_len
 
         def causal_mask_mod(b, h, q_idx, kv_idx):

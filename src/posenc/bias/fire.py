@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .. import _checks
-from .base import ScoreBias, _lengths
+from .base import ScoreBias, check_lengths
 
 __all__ = ["FireBias"]
 
@@ -106,7 +106,7 @@ class FireBias(ScoreBias):
 
     def score_mod(self, q_len: int, k_len: int | None = None, causal: bool = True):
         """FlexAttention ``score_mod``: the MLP evaluated per score (queries at q_idx + k_len - q_len)."""
-        q_len, k_len = _lengths(q_len, k_len)
+        q_len, k_len = check_lengths(q_len, k_len)
         shift = k_len - q_len
 
         def fire_score_mod(score, b, h, q_idx, kv_idx):

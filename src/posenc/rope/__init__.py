@@ -3,6 +3,9 @@
 - :mod:`.frequencies`: the frequency schedule of every context-extension method, and its registry;
 - :mod:`.table`: cos/sin tables for positions, with one lookup path;
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
+- :mod:`.checks`: the argument checks the rotary modules share;
+- :mod:`.cache_hooks`: what a KV cache asks of a rotary embedding besides rotating;
+- :mod:`.protocol`: :class:`RotaryProtocol`, what every rotary embedding offers ``posenc.attention``;
 - :mod:`.layout`: moving weights between pair layouts and keys between positions;
 - :mod:`.cache`: a KV cache that keeps length-dependent schedules consistent while decoding;
 - :mod:`.streaming`: StreamingLLM's cache, attention-sink tokens and a recent window at cache positions;
@@ -19,6 +22,7 @@ from .frequencies import rope_frequencies
 from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
 from .packing import packed_positions
+from .protocol import RotaryProtocol
 from .streaming import StreamingKVCache
 from .xpos import XPos, blockwise_causal_mask
 
@@ -27,6 +31,7 @@ __all__ = [
     "MRotaryEmbedding",
     "RotaryEmbedding",
     "RotaryKVCache",
+    "RotaryProtocol",
     "StreamingKVCache",
     "XPos",
     "blockwise_causal_mask",

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import _checks
 from .._precision import KeepsPrecision
-from ..kernels import apply_rotary_qk
+from ..kernels import apply_rotary, apply_rotary_qk
 from ..kernels.rotary_torch import rotate_eager
 
 __all__ = ["AxialRotaryEmbedding", "axial_frequencies", "grid_positions"]
@@ -81,8 +81,10 @@ class AxialRotaryEmbedding(KeepsPrecision):
         seed: for the random directions of RoPE-Mixed's initialisation.
 
     Shape:
-        forward(q, k, grid=(H, W) or positions=(N, axes), prefix_tokens=0) -> (q, k), with q, k
-        (batch, heads, prefix_tokens + N, head_dim); the first prefix_tokens tokens are not rotated.
+        forward(q, k, grid=(H, W) or positions=(N, axes), prefix_tokens=0, *, k_positions=None) -> (q, k),
+        with q, k (batch, heads, prefix_tokens + N, head_dim); the first prefix_tokens tokens are not
+        rotated; k_positions (N_k, axes) places keys elsewhere. rotate(x, positions=None, *, grid=None,
+        prefix_tokens=0) -> x, one tensor. It implements :class:`~.protocol.RotaryProtocol`.
     """
 
     precise_buffers = ("freqs",)
@@ -132,32 +134,62 @@ class AxialRotaryEmbedding(KeepsPrecision):
             sin = torch.cat((torch.zeros(pad, dtype=sin.dtype, device=sin.device), sin), dim=1)
         return cos.to(dtype), sin.to(dtype)
 
-    def forward(self, q, k, grid=None, positions=None, prefix_tokens: int = 0):
+    def rotate(self, x, positions=None, *, grid=None, prefix_tokens: int = 0):
+        """Rotate one tensor x (batch, heads, prefix_tokens + N, head_dim) by its grid positions: ``grid``
+        sizes (row-major patches) or explicit ``positions`` (N, axes)."""
+        positions = self._positions(grid, positions, x)
+        self._check("x", x, positions, prefix_tokens)
+        return self._rotate((x,), positions, prefix_tokens)[0]
+
+    def forward(
+        self, q, k, grid=None, positions=None, prefix_tokens: int = 0, *, k_positions=None, offset: int = 0
+    ):
         """Rotate q and k (batch, heads, prefix_tokens + N, head_dim) by their grid positions: ``grid``
-        sizes (row-major patches) or explicit ``positions`` (N, axes), e.g. rescaled coordinates."""
+        sizes (row-major patches) or explicit ``positions`` (N, axes), e.g. rescaled coordinates. Keys at
+        other coordinates than the queries (cross-attention, a cache of patches) take ``k_positions``
+        (N_k, axes), after their own prefix_tokens. ``offset`` (of 1-D RoPE's default positions) has no
+        meaning on a grid: a non-zero one is refused."""
+        if offset:
+            raise ValueError(
+                f"offset={offset!r} is not used with AxialRotaryEmbedding: give grid= or positions= (and "
+                "k_positions=) instead"
+            )
         positions = self._positions(grid, positions, q)
-        for name, x in (("q", q), ("k", k)):
-            _checks.tensor_rank(name, x, 3)
-            if x.shape[-1] != self.head_dim or x.shape[-2] != prefix_tokens + positions.shape[0]:
-                raise ValueError(
-                    f"{name} must have shape (..., prefix_tokens + N = {prefix_tokens + positions.shape[0]}, "
-                    f"head_dim = {self.head_dim}), got {tuple(x.shape)}"
-                )
-            if self.mixed and (x.dim() < 3 or x.shape[-3] != self.freqs.shape[1]):
-                raise ValueError(
-                    f"RoPE-Mixed rotates with each head's own frequencies: {name} must have num_heads="
-                    f"{self.freqs.shape[1]} heads (batch, heads, tokens, head_dim), got {tuple(x.shape)}; "
-                    "with fewer key/value heads, repeat them to the query heads first"
-                )
-        dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        self._check("q", q, positions, prefix_tokens)
+        if k_positions is None:
+            self._check("k", k, positions, prefix_tokens)
+            return self._rotate((q, k), positions, prefix_tokens)
+        k_positions = self._positions(None, k_positions, k, "k_positions")
+        self._check("k", k, k_positions, prefix_tokens)
+        return self._rotate((q,), positions, prefix_tokens) + self._rotate((k,), k_positions, prefix_tokens)
+
+    def _check(self, name: str, x, positions, prefix_tokens: int) -> None:
+        _checks.tensor_rank(name, x, 3)
+        if x.shape[-1] != self.head_dim or x.shape[-2] != prefix_tokens + positions.shape[0]:
+            raise ValueError(
+                f"{name} must have shape (..., prefix_tokens + N = {prefix_tokens + positions.shape[0]}, "
+                f"head_dim = {self.head_dim}), got {tuple(x.shape)}"
+            )
+        if self.mixed and (x.dim() < 3 or x.shape[-3] != self.freqs.shape[1]):
+            raise ValueError(
+                f"RoPE-Mixed rotates with each head's own frequencies: {name} must have num_heads="
+                f"{self.freqs.shape[1]} heads (batch, heads, tokens, head_dim), got {tuple(x.shape)}; "
+                "with fewer key/value heads, repeat them to the query heads first"
+            )
+
+    def _rotate(self, xs: tuple, positions, prefix_tokens: int) -> tuple:
+        """xs (one tensor, or q and k at the same positions) rotated by one table of ``positions``."""
+        dtype = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
         if self.mixed and torch.is_grad_enabled():  # gradients reach the learnable frequencies
-            return rotate_eager(q, cos, sin, self.layout), rotate_eager(k, cos, sin, self.layout)
+            return tuple(rotate_eager(x, cos, sin, self.layout) for x in xs)
         if cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]
-        return apply_rotary_qk(q, k, cos, sin, layout=self.layout)
+        if len(xs) == 2:
+            return apply_rotary_qk(*xs, cos, sin, layout=self.layout)
+        return (apply_rotary(xs[0], cos, sin, layout=self.layout),)
 
-    def _positions(self, grid, positions, q) -> torch.Tensor:
+    def _positions(self, grid, positions, q, name: str = "positions") -> torch.Tensor:
         if (grid is None) == (positions is None):
             raise ValueError("give exactly one of grid (the patch grid's sizes) and positions (N, axes)")
         if grid is not None:
@@ -166,7 +198,7 @@ class AxialRotaryEmbedding(KeepsPrecision):
             return grid_positions(*grid, device=q.device)
         if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[1] != self.axes:
             got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-            raise ValueError(f"positions must be a tensor (N, {self.axes}), got {got}")
+            raise ValueError(f"{name} must be a tensor (N, {self.axes}), got {got}")
         return positions.to(q.device)
 
     def extra_repr(self) -> str:

@@ -42,9 +42,9 @@ import torch
 
 from .. import _checks
 from ..kernels import apply_rotary
+from .checks import check_fits
 from .embedding import RotaryEmbedding
 from .table import align_to, cos_sin_of
-from .xpos import check_fits
 
 __all__ = ["RotaryKVCache", "rerotate_keys", "rerotate_schedule", "same_schedule"]
 

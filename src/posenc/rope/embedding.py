@@ -13,6 +13,8 @@ from torch import nn
 
 from .. import _checks
 from ..kernels import apply_rotary, apply_rotary_qk, check_inplace, rotate_small
+from .cache_hooks import CacheHooks
+from .checks import check_pair, check_x, key_positions, seq_and_positions
 from .frequencies import resolve_schedule
 from .table import CosSinTable, default_context
 
@@ -23,7 +25,7 @@ __all__ = ["RotaryEmbedding"]
 SMALL_ELEMENTS = 1 << 20
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CacheHooks, nn.Module):
     """Rotates queries and keys by position-dependent angles (RoPE, Su et al. 2021).
 
     Args:
@@ -41,6 +43,8 @@ class RotaryEmbedding(nn.Module):
         forward(q, k, positions=None, offset=0) -> (q, k): q (..., q_len, head_dim), k (..., k_len, head_dim).
         positions / k_positions: (seq,) or (batch, seq), integer or fractional; default: keys at
         offset .. offset+k_len-1, queries at the last q_len of those (decoding with a cache).
+        rotate(x, positions=None, offset=0) -> x; cos_sin(positions) or cos_sin(seq_len, ...) -> (cos, sin).
+        It implements :class:`~.protocol.RotaryProtocol`, as do XPos, M-RoPE and axial RoPE.
     """
 
     def __init__(
@@ -95,7 +99,7 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(
         self,
-        seq_len: int,
+        seq_len: int | torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
         offset: int = 0,
         device=None,
@@ -106,11 +110,12 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (attention factor included), each (seq, rotary_dim/2) or (batch, seq, rotary_dim/2).
 
-        Positions are ``positions`` (+ ``offset``) or offset .. offset+seq_len-1. ``context_len`` / ``factor``
-        (see :meth:`frequencies`) select the schedule of length-dependent methods and per-sequence factors.
+        Positions are ``positions`` (+ ``offset``) or offset .. offset+seq_len-1; ``cos_sin(positions)``, a
+        tensor first (:class:`~.protocol.RotaryProtocol`'s form), is ``cos_sin(seq, positions)``.
+        ``context_len`` / ``factor`` (see :meth:`frequencies`) select the schedule of length-dependent
+        methods and per-sequence factors.
         """
-        if positions is not None:
-            positions = _checks.positions(positions, seq_len)
+        seq_len, positions = seq_and_positions(seq_len, positions)
         return self.table.at(seq_len, positions, offset, device, dtype, context_len, factor)
 
     def rotate(
@@ -127,25 +132,9 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` and ``factor`` (int/float or (batch,) tensors) pick the schedule of length-dependent
         methods and per-sequence scaling factors; see :meth:`frequencies`.
         """
-        _check_x(self, "x", x)
+        check_x(self, "x", x)
         cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
         return apply_rotary(x, cos, sin, layout=self.layout)
-
-    # Hooks for posenc.RotaryKVCache and rerotate_keys: what a cache must do besides rotating. RoPE needs
-    # nothing more; XPos (which also scales queries and keys about a centre) overrides them.
-
-    def check_cache_mode(self, mode: str) -> None:
-        """Refuse a RotaryKVCache mode this rotary cannot keep consistent (RoPE: every mode works)."""
-
-    def rotate_cached(self, x: torch.Tensor, offset: int, total: int, kind: str) -> torch.Tensor:
-        """x (..., seq, head_dim) at positions offset.. as a forward pass over ``total`` tokens rotates it,
-        as queries (``kind="q"``) or keys (``"k"``); RoPE treats both alike."""
-        return self.rotate(x, offset=offset, context_len=total)
-
-    def shift_scale(self, delta: torch.Tensor) -> torch.Tensor | None:
-        """The factor per pair, (..., rotary_dim/2) float64, by which moving keys ``delta`` positions scales
-        them besides rotating them; None when it does not (RoPE)."""
-        return None
 
     def forward(
         self,
@@ -167,7 +156,7 @@ class RotaryEmbedding(nn.Module):
         ``context_len`` / ``factor``: see :meth:`rotate`; for length-dependent methods the default context is
         1 + the last key position, so q and k always share one schedule.
         """
-        _check_pair(self, q, k, inplace)
+        check_pair(self, q, k, inplace)
         if positions is None and k_positions is None and _small(self, q, k, context_len, factor):
             if inplace:
                 check_inplace((("q", q), ("k", k)))
@@ -176,18 +165,9 @@ class RotaryEmbedding(nn.Module):
             # in-place walk costs more in per-op overhead than a copy of a few KiB)
             return (q.copy_(q_rot), k.copy_(k_rot)) if inplace else (q_rot, k_rot)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        k_positions = _key_positions(q_len, k_len, positions, k_positions)
-        if (
-            positions is None
-            and isinstance(k_positions, torch.Tensor)
-            and k_positions.shape[-1:] == (k_len,)
-            and q_len <= k_len
-        ):  # the queries are the last q_len keys, at their positions (per sequence: left padding shifts them)
-            positions = k_positions[..., k_len - q_len :]
-        if context_len is None and self.length_dependent:  # one schedule for q and k: the keys' length
-            context_len = (
-                offset + max(q_len, k_len) if k_positions is None else default_context(k_positions) + offset
-            )
+        positions, k_positions, context_len = _placement(
+            self, q_len, k_len, positions, k_positions, offset, context_len
+        )
         if k_positions is positions and q_len == k_len:  # one table serves both
             cos, sin = self.table.for_tensor(q, positions, offset, context_len, factor)
             return apply_rotary_qk(q, k, cos, sin, layout=self.layout, inplace=inplace)
@@ -220,6 +200,30 @@ def _small(rope: RotaryEmbedding, q, k, context_len, factor) -> bool:
     )
 
 
+def _placement(
+    rope: RotaryEmbedding, q_len: int, k_len: int, positions, k_positions, offset: int, context_len
+):
+    """Where a forward call's queries and keys sit: (positions, k_positions, context_len).
+
+    Keys at ``k_positions``, else at ``positions`` when q and k have one length (None: offset..); queries
+    at ``positions``, else the last q_len key positions (per sequence: left padding shifts them). A
+    length-dependent schedule's context defaults to 1 + the last key position, so q and k share it.
+    """
+    k_positions = key_positions(q_len, k_len, positions, k_positions)
+    if (
+        positions is None
+        and isinstance(k_positions, torch.Tensor)
+        and k_positions.shape[-1:] == (k_len,)
+        and q_len <= k_len
+    ):
+        positions = k_positions[..., k_len - q_len :]
+    if context_len is None and rope.length_dependent:
+        context_len = (
+            offset + max(q_len, k_len) if k_positions is None else default_context(k_positions) + offset
+        )
+    return positions, k_positions, context_len
+
+
 def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
     _checks.non_negative_int("offset", offset)
     q_len, k_len = q.shape[-2], k.shape[-2]
@@ -229,33 +233,3 @@ def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
         rows_q if q_len == k_len else rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
     )
     return rotate_small(q, rows_q, rope.layout), rotate_small(k, rows_k, rope.layout)
-
-
-def _key_positions(q_len: int, k_len: int, positions, k_positions):
-    """The keys' positions: ``k_positions``, else the queries' ``positions`` when q and k have one length."""
-    if positions is not None and k_positions is None:
-        if q_len != k_len:
-            raise ValueError(
-                f"positions give q's {q_len} positions; k has {k_len}: pass k_positions for the keys"
-            )
-        return positions
-    return k_positions
-
-
-def _check_x(rope: RotaryEmbedding, name: str, x) -> None:
-    _checks.tensor_rank(name, x, 2)
-    if x.shape[-1] != rope.head_dim:
-        raise ValueError(
-            f"{name} must have last dimension head_dim={rope.head_dim}, got shape {tuple(x.shape)}"
-        )
-
-
-def _check_pair(rope: RotaryEmbedding, q, k, inplace: bool) -> None:
-    _check_x(rope, "q", q)
-    _check_x(rope, "k", k)
-    if q.shape[:-3] != k.shape[:-3]:
-        raise ValueError(
-            f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    if inplace and q.data_ptr() == k.data_ptr() and q.numel():
-        raise ValueError("inplace=True with q and k the same tensor would rotate it twice; pass two tensors")

@@ -76,8 +76,11 @@ class MRotaryEmbedding(nn.Module):
         rotary_dim: rotate only the first rotary_dim dimensions (default 2 * sum(mrope_section)).
 
     Shape:
-        forward(q, k, positions) -> (q, k): q, k (batch, heads, seq, head_dim); positions (3, batch, seq)
-        (time, height, width), or (batch, seq) / (seq,) for text, which is the same on all three axes.
+        forward(q, k, positions, *, k_positions=None) -> (q, k): q (batch, heads, q_len, head_dim), k
+        (batch, kv_heads, k_len, head_dim); positions (3, batch, q_len) (time, height, width), or
+        (batch, q_len) / (q_len,) for text, which is the same on all three axes; k_positions the keys'
+        (default: ``positions``, when q and k have one length). It implements
+        :class:`~.protocol.RotaryProtocol`.
     """
 
     def __init__(
@@ -146,19 +149,37 @@ class MRotaryEmbedding(nn.Module):
             return cos, sin
         return align_to(cos, sin, x, "positions")
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate one tensor x (batch, heads, seq, head_dim) by its (3, batch, seq) positions."""
+        _needs_positions(positions)
         self._check("x", x, positions)
         return apply_rotary(x, *self._tables(x, positions), layout=self.layout)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
-        """Rotate queries and keys of the same length by their (3, batch, seq) positions."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        k_positions: torch.Tensor | None = None,
+        offset: int = 0,
+    ):
+        """Rotate queries by their (3, batch, q_len) ``positions`` and keys by ``k_positions`` (3, batch,
+        k_len), by default the queries' when q and k have one length. ``offset`` (of 1-D RoPE's default
+        positions) has no meaning here: a non-zero one is refused."""
+        _needs_positions(positions)
+        if offset:
+            raise ValueError(
+                f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead"
+            )
         self._check("q", q, positions)
-        self._check("k", k, positions)
+        if k_positions is not None:
+            return self.rotate(q, positions), self.rotate(k, k_positions)
+        self._check("k", k, positions, " (keys of another length: give the keys' k_positions=)")
         cos, sin = self._tables(q, positions)
         return apply_rotary_qk(q, k, cos, sin, layout=self.layout)
 
-    def _check(self, name: str, x, positions) -> None:
+    def _check(self, name: str, x, positions, hint: str = "") -> None:
         _checks.tensor_rank(name, x, 2)
         if x.shape[-1] != self.head_dim:
             raise ValueError(
@@ -168,12 +189,21 @@ class MRotaryEmbedding(nn.Module):
         if positions.shape[-1] != x.shape[-2]:
             raise ValueError(
                 f"positions of shape {tuple(positions.shape)} do not match {name}'s seq length {x.shape[-2]}"
+                + hint
             )
 
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, mrope_section={list(self.mrope_section)}, base={self.base:g}, "
             f"interleaved={self.interleaved}, layout={self.layout!r}"
+        )
+
+
+def _needs_positions(positions) -> None:
+    if positions is None:
+        raise ValueError(
+            "MRotaryEmbedding needs positions=: (3, batch, seq) time/height/width ids, or text positions "
+            "(batch, seq) / (seq,)"
         )
 
 

@@ -9,8 +9,9 @@ A :class:`CosSinTable` answers "cos and sin at these positions" for one :class:`
   limit (a table reaching position 10^7 would take gigabytes), float64 requests, and per-sequence
   schedules (a length-dependent method at another context length, or a per-sequence factor).
 
-The cache is a plain attribute, not a buffer: it never reaches a ``state_dict`` and a model-wide
-``.half()`` cannot round it.
+The memo (:class:`RowMemo`, which :class:`CosSinTable` extends with the schedules and the lookup) is a
+plain attribute, not a buffer: it never reaches a ``state_dict`` and a model-wide ``.half()`` cannot round
+it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,55 @@ __all__ = ["CACHE_LIMIT", "CosSinTable", "align_to", "cos_sin_of"]
 CACHE_LIMIT = 1 << 16  # positions past this are computed per call instead of growing the cache
 
 
-class CosSinTable:
+class RowMemo:
+    """The memo of a :class:`CosSinTable`: float32 cos/sin rows 0..n-1 at the schedule's original context
+    (``inv_freq64``, ``attention_factor``), per device, grown by doubling; and the same rows laid out for
+    :func:`posenc.kernels.rotate_small`, per device and layout. Only ever grown, never past what a
+    position below ``CACHE_LIMIT`` asks for."""
+
+    inv_freq64: torch.Tensor
+    attention_factor: float
+
+    def __init__(self):
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._laid_out: dict[tuple[torch.device, str], tuple[torch.Tensor, ...]] = {}
+
+    def _rows(self, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The memoised float32 table on ``device``, at least ``end`` rows long."""
+        cached = self._cache.get(device)
+        if cached is None or cached[0].shape[0] < end:
+            size = max(end, 2 * (0 if cached is None else cached[0].shape[0]), 256)
+            cached = cos_sin_of(
+                torch.arange(size, device=device), self.inv_freq64, self.attention_factor, torch.float32
+            )
+            self._cache[device] = cached
+        return cached
+
+    def small_rows(self, start: int, stop: int, device, layout: str) -> tuple[torch.Tensor, ...]:
+        """Rows start..stop-1 laid out for :func:`posenc.kernels.rotate_small`, memoised per device:
+
+        * "half": (cos2, sin2), each (rows, rotary_dim) float32: cos for both members of a pair, sin signed
+          (-sin for the first member, +sin for the second), so rotate(x) = x * cos2 + swap_halves(x) * sin2;
+        * "interleaved": (cos + i sin,), (rows, rotary_dim/2) complex64: the pairs of x are complex numbers.
+        """
+        if stop > CACHE_LIMIT:  # far positions: fresh rows, never a memo sized by a position
+            positions = torch.arange(start, stop, device=device)
+            return _lay_out(
+                *cos_sin_of(positions, self.inv_freq64, self.attention_factor, torch.float32), layout
+            )
+        laid = self._laid_out.get((device, layout))
+        if laid is None or laid[0].shape[0] < stop:  # rows are fixed per position: only ever grow
+            laid = _lay_out(*self._rows(stop, device), layout)
+            self._laid_out[(device, layout)] = laid
+        return laid[0][start:stop], *(t[start:stop] for t in laid[1:])
+
+    def cached_rows(self, device="cpu") -> int:
+        """How many positions the memoised table on ``device`` holds (0 before the first lookup)."""
+        cached = self._cache.get(torch.device(device))
+        return 0 if cached is None else cached[0].shape[0]
+
+
+class CosSinTable(RowMemo):
     """cos/sin of one RoPE schedule. Shapes: (seq, rotary_dim/2), or (batch, seq, rotary_dim/2) when the
     positions are (batch, seq) or a per-sequence schedule is asked for."""
 
@@ -38,8 +87,7 @@ class CosSinTable:
         # The same numbers as Python floats: a traced call builds its constant from them, so its size is
         # static (a tensor attribute would get a symbolic size under dynamic=True, shared with any equal dim).
         self._inv_freq_values = tuple(inv.tolist())
-        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._laid_out: dict[tuple[torch.device, str], tuple[torch.Tensor, ...]] = {}
+        RowMemo.__init__(self)
 
     # ------------------------------------------------------------------ schedules
     def frequencies(self, context_len=None, factor=None):
@@ -157,40 +205,6 @@ class CosSinTable:
         inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
         positions = torch.arange(start, start + length, device=device)
         return cos_sin_of(positions, inv, self.attention_factor, dtype)
-
-    def _rows(self, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The memoised float32 table on ``device``, at least ``end`` rows long."""
-        cached = self._cache.get(device)
-        if cached is None or cached[0].shape[0] < end:
-            size = max(end, 2 * (0 if cached is None else cached[0].shape[0]), 256)
-            cached = cos_sin_of(
-                torch.arange(size, device=device), self.inv_freq64, self.attention_factor, torch.float32
-            )
-            self._cache[device] = cached
-        return cached
-
-    def small_rows(self, start: int, stop: int, device, layout: str) -> tuple[torch.Tensor, ...]:
-        """Rows start..stop-1 laid out for :func:`posenc.kernels.rotate_small`, memoised per device:
-
-        * "half": (cos2, sin2), each (rows, rotary_dim) float32: cos for both members of a pair, sin signed
-          (-sin for the first member, +sin for the second), so rotate(x) = x * cos2 + swap_halves(x) * sin2;
-        * "interleaved": (cos + i sin,), (rows, rotary_dim/2) complex64: the pairs of x are complex numbers.
-        """
-        if stop > CACHE_LIMIT:  # far positions: fresh rows, never a memo sized by a position
-            positions = torch.arange(start, stop, device=device)
-            return _lay_out(
-                *cos_sin_of(positions, self.inv_freq64, self.attention_factor, torch.float32), layout
-            )
-        laid = self._laid_out.get((device, layout))
-        if laid is None or laid[0].shape[0] < stop:  # rows are fixed per position: only ever grow
-            laid = _lay_out(*self._rows(stop, device), layout)
-            self._laid_out[(device, layout)] = laid
-        return laid[0][start:stop], *(t[start:stop] for t in laid[1:])
-
-    def cached_rows(self, device="cpu") -> int:
-        """How many positions the memoised table on ``device`` holds (0 before the first lookup)."""
-        cached = self._cache.get(torch.device(device))
-        return 0 if cached is None else cached[0].shape[0]
 
 
 def _lay_out(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:

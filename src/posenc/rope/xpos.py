@@ -24,7 +24,8 @@ import torch
 
 from .. import _checks
 from ..kernels import apply_rotary
-from .embedding import RotaryEmbedding, _check_pair, _check_x, _key_positions
+from .checks import check_fits, check_pair, check_x, key_positions
+from .embedding import RotaryEmbedding
 from .table import align_to
 
 __all__ = ["XPos", "blockwise_causal_mask"]
@@ -50,6 +51,9 @@ class XPos(RotaryEmbedding):
     Shape:
         forward(q, k, positions=None, offset=0, *, k_positions=None, centre=None) -> (q, k), as
         :meth:`RotaryEmbedding.forward`; ``centre``: a number or a (batch,) tensor, one per sequence.
+        rotate(x, positions=None, offset=0, *, kind="q", centre=None) -> x: one tensor, as queries unless
+        ``kind="k"`` (queries scale by zeta^(+n/B), keys by zeta^(-n/B)); with the default centre,
+        ``rotate(x)`` is ``forward(x, k)[0]`` for any k of x's length.
     """
 
     def __init__(
@@ -89,15 +93,16 @@ class XPos(RotaryEmbedding):
         return torch.exp(exponent[..., None] * log_zeta)
 
     def rotate(
-        self, x, positions=None, offset: int = 0, *, kind=None, centre=None, context_len=None, factor=None
+        self, x, positions=None, offset: int = 0, *, kind="q", centre=None, context_len=None, factor=None
     ):
-        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q") or keys (kind="k").
+        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q", the default: what
+        :meth:`forward` returns for q) or keys (kind="k").
 
         ``centre`` (else the module's, else the middle of x's own positions): pass the same one for the
         queries and keys that will meet, e.g. new tokens' keys appended to a cache of scaled keys.
         """
         _checks.one_of("kind", kind, KINDS)
-        _check_x(self, "x", x)
+        check_x(self, "x", x)
         cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
         p = self._positions(x, positions, offset)
         c = self._centre(centre, p, offset, x.shape[-2], positions is None)
@@ -127,9 +132,9 @@ class XPos(RotaryEmbedding):
     ):
         """Rotate and scale queries and keys; positions as :meth:`RotaryEmbedding.forward` (queries default to
         the last q_len key positions). The default centre is the middle of the key positions, shared by q."""
-        _check_pair(self, q, k, inplace)
+        check_pair(self, q, k, inplace)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        k_positions = _key_positions(q_len, k_len, positions, k_positions)
+        k_positions = key_positions(q_len, k_len, positions, k_positions)
         q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
         cos_q, sin_q = self.table.for_tensor(q, positions, q_offset)
         cos_k, sin_k = self.table.for_tensor(k, k_positions, offset)
@@ -184,15 +189,6 @@ class XPos(RotaryEmbedding):
     def extra_repr(self) -> str:
         s = super().extra_repr() + f", scale_base={self.scale_base:g}, gamma={self.gamma:g}"
         return s + ("" if self.centre is None else f", centre={self.centre:g}")
-
-
-def check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor, why: str) -> None:
-    """Refuse factors the output dtype cannot hold: they would come back as inf and give NaN scores.
-    ``why``: what makes them so large and what to do, for the message."""
-    limit = min(torch.finfo(dtype).max, torch.finfo(table_dtype).max)
-    worst = float(torch.maximum(scale.amax(), 1.0 / scale.amin()))
-    if worst > limit:
-        raise ValueError(f"xPos factors reach {worst:.3g}, past {dtype}'s largest {limit:.3g}: {why}")
 
 
 def blockwise_causal_mask(

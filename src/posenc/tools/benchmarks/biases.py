@@ -66,7 +66,7 @@ def materialised_bias(bias, seq: int) -> torch.Tensor:
     """The (heads, seq, seq) causal bias as a user would build it for SDPA's attn_mask: a table bias as one
     gather from its (heads, 2 seq - 1) distance table (its generic ``.bias()`` evaluates the table at every
     (i, j), which for Sandwich is seq^2 x dim / 2 float64 cosines), a tile bias through ``.bias()``."""
-    if getattr(bias, "per_tile", True):  # ALiBi has its own .bias(); FIRE is per tile
+    if getattr(bias, "per_tile", True):  # FIRE; table biases (ALiBi among them) take the gather
         return bias.bias(seq, seq, causal=True)
     pos = torch.arange(seq, device=bias._device())
     return bias.distance_table(seq, causal=True)[:, pos[:, None] - pos[None, :] + seq - 1]
@@ -118,6 +118,24 @@ def _first_call_peak(fn: Callable[[], object], device, peaks: dict, name: str) -
     return call
 
 
+def _cases(name: str, heads: int, dim: int, device, materialise: bool):
+    """What one row times: (kind, the bias's trainable parameters, {case: fn(q, k, v)}). "sdpa causal" alone
+    is the floor; a bias runs as "posenc" beside the floor, and as "sdpa+bias" (its materialised bias) when
+    ``materialise`` and it is no content scheme (those have no bias to materialise)."""
+    if name == "sdpa causal":
+        return None, (), {"sdpa causal": attend("sdpa causal", None)}
+    _check("bias", name, BIASES)
+    kind = BIASES[name][0]
+    bias = BIASES[name][1](heads, dim).to(device)
+    params = tuple(p for p in bias.parameters() if p.requires_grad)
+    fns = {case: attend(case, bias) for case in ("posenc", "sdpa causal")}
+    if materialise and kind != "content":
+        fns["sdpa+bias"] = lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=materialised_bias(bias, q.shape[2]).to(q.dtype)
+        )
+    return kind, params, fns
+
+
 def measure(
     name: str,
     mode: str,
@@ -137,22 +155,9 @@ def measure(
     """
     _check("mode", mode, MODES)
     floor_only = name == "sdpa causal"
-    if not floor_only:
-        _check("bias", name, BIASES)
-    kind = None if floor_only else BIASES[name][0]
-    bias = None if floor_only else BIASES[name][1](heads, dim).to(device)
-    materialise = materialise and kind != "content"
-    params = () if bias is None else tuple(p for p in bias.parameters() if p.requires_grad)
+    kind, params, fns = _cases(name, heads, dim, device, materialise)
+    materialise = "sdpa+bias" in fns
     grad = mode != "forward"
-    if floor_only:
-        wanted: tuple[str, ...] = ("sdpa causal",)
-    else:
-        wanted = ("posenc", "sdpa causal", "sdpa+bias") if materialise else ("posenc", "sdpa causal")
-    fns = {case: attend(case, bias) for case in wanted if case != "sdpa+bias"}
-    if "sdpa+bias" in wanted:
-        fns["sdpa+bias"] = lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=materialised_bias(bias, q.shape[2]).to(q.dtype)
-        )
 
     def calls_on(length: int) -> tuple[tuple, dict[str, Callable[[], object]]]:
         qkv = tuple(t.requires_grad_(grad) for t in _qkv(length, heads, dim, dtype, device))
