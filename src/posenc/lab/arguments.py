@@ -201,6 +201,7 @@ def _add_compare(subparsers) -> None:
         help="models per scheme, seeds --seed, --seed + 1, ...: tables show mean ± sd (default: 1)",
     )
     _compare_measure_args(p)
+    _recipe_args(p)
     _compile_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=cmd_compare)
@@ -288,4 +289,25 @@ def _compare_measure_args(p: argparse.ArgumentParser) -> None:
         type=int,
         help=f"passkey prompts per length and model (a {D.PASSKEY_DIGITS}-digit key in corpus text); 0 skips "
         f"passkey (default: {D.PASSKEY_TRIALS})",
+    )
+
+
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    """Extension by training: each recipe continues the trained RoPE models (posenc.lab.recipes)."""
+    p.add_argument(
+        "--extend-steps",
+        type=int,
+        help="continue each RoPE model this many steps with each of --recipes, every recipe with the same "
+        "tokens per step (default: 0, no recipes)",
+    )
+    p.add_argument(
+        "--extend-to",
+        type=int,
+        help=f"the recipes' target length in training lengths (default: {D.EXTEND_TO})",
+    )
+    p.add_argument(
+        "--recipes",
+        type=_str_list,
+        help="comma-separated: pi, yarn, abf (fine-tuned at the target length), pose (at the training "
+        "length, positions skipping over the target), none (the control) (default: all)",
     )

@@ -230,6 +230,9 @@ def cmd_compare(args) -> int:
         copy_fraction=args.copy_fraction,
         passkey_fraction=args.passkey_fraction,
         passkey_trials=args.passkey_trials,
+        extend_steps=args.extend_steps,
+        extend_to=args.extend_to,
+        recipes=tuple(args.recipes) if args.recipes is not None else None,
     )
     result = run_compare(
         args.out,

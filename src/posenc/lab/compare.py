@@ -103,20 +103,26 @@ def _run_task(
     device: str,
     compile: bool | str,
     events,
-    extension: str | None = None,
+    follow: str | None = None,
 ) -> dict:
-    """Train ``scheme`` with ``seed`` (unless trained) and evaluate its row; with ``extension``, evaluate
-    that trained model with the eval-time extension instead. Returns the row (with its ``"seed"``);
-    reports to ``events`` (``put``).
+    """Train ``scheme`` with ``seed`` (unless trained) and evaluate its row. A follow-up task instead
+    evaluates that trained model with an eval-time extension (``follow`` its name), or continues it with an
+    extension recipe and evaluates that (``follow`` "~" and the recipe's name). Returns the row (with its
+    ``"seed"``); reports to ``events`` (``put``).
 
-    Each (scheme, seed) is its own run directory ``models/<scheme>/seed-<seed>/`` and each row is saved
-    there keyed by what it depends on (:func:`_row_key`), so a rerun, or one asking for more seeds,
-    skips what is done.
+    Each (scheme, seed) is its own run directory ``models/<scheme>/seed-<seed>/`` (a recipe's model
+    ``recipe-<name>-x<factor>-<steps>steps/`` inside it) and each row is saved there keyed by what it
+    depends on (:func:`_row_key`), so a rerun, or one asking for more seeds, skips what is done.
     """
-    run_dir = Path(out) / "models" / _dir_name(scheme) / f"seed-{seed}"
-    label = _label(scheme + (f"+{extension}" if extension else ""), seed, s)
+    base_run = Path(out) / "models" / _dir_name(scheme) / f"seed-{seed}"
+    recipe = follow[1:] if follow and follow.startswith("~") else None
+    extension = None if recipe else follow
+    name = scheme + (f"+{extension}" if extension else "") + (f"~{recipe}" if recipe else "")
+    # a recipe's model per target and steps: other recipe settings train another, never resume this one
+    run_dir = base_run / f"recipe-{recipe}-x{s.extend_to}-{s.extend_steps}steps" if recipe else base_run
+    label = _label(name, seed, s)
     eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
-    key = _row_key(s, seed, corpus)
+    key = _row_key(s, seed, corpus, recipe)
     saved = _saved_row(eval_path, key)
     if saved is not None:
         events.put(("done", label, "cached"))
@@ -124,7 +130,12 @@ def _run_task(
     data = load_corpus(corpus, cache_dir=cache_dir)
     t0 = time.perf_counter()
     if extension is None:
-        _train_once(scheme, seed, s, run_dir, data, device, compile, events, label)
+        configs = (
+            s.recipe_configs(scheme, seed, recipe, str(base_run))
+            if recipe
+            else (s.model_config(scheme), s.train_config(seed))
+        )
+        _train_once(*configs, s.ckpt_every, run_dir, data, device, compile, events, label)
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, device)
     events.put(("eval", label, None))
@@ -144,6 +155,7 @@ def _run_task(
     )
     row = {
         **r.to_dict(),
+        "scheme": name,
         "seed": seed,
         "train_s": round(train_s, 1),
         "eval_s": round(time.perf_counter() - t1, 1),
@@ -153,21 +165,21 @@ def _run_task(
     return row
 
 
-def _train_once(scheme, seed, s: Settings, run_dir: Path, data, device, compile, events, label) -> None:
-    """Train ``scheme`` with ``seed`` into ``run_dir``, resuming a partial run; a finished model is reused
-    only if it was trained with these settings (--lr, --copy-fraction...), else a CheckpointError."""
-    if is_complete(run_dir, s.steps):
+def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, device, compile, events, label):
+    """Train into ``run_dir``, resuming a partial run; a finished model is reused only if it was trained
+    with these settings (--lr, --copy-fraction...), else a CheckpointError."""
+    if is_complete(run_dir, train_cfg.steps):
         latest = latest_checkpoint(run_dir)
         saved = json.loads((latest / "state.json").read_text())
-        check_resumable(saved, run_state(s.model_config(scheme), s.train_config(seed), data.path), latest)
+        check_resumable(saved, run_state(model_cfg, train_cfg, data.path), latest)
         return
     train(
-        s.model_config(scheme),
-        s.train_config(seed),
+        model_cfg,
+        train_cfg,
         run_dir,
         corpus=data,
         resume=True,
-        ckpt_every=s.ckpt_every,
+        ckpt_every=ckpt_every,
         device=device,
         progress=False,
         compile=compile,
@@ -185,10 +197,14 @@ def _label(name: str, seed: int, s: Settings) -> str:
     return name if s.seeds == 1 else f"{name}/s{seed}"
 
 
-def _row_key(s: Settings, seed: int, corpus: str | None) -> dict:
+def _row_key(s: Settings, seed: int, corpus: str | None, recipe: str | None = None) -> dict:
     """What one seed's saved row depends on: every setting but the list of schemes, extensions and
-    seeds (a rerun with more schemes or seeds reuses the rows it has), with the row's own seed."""
-    settings = {k: v for k, v in s.to_json().items() if k not in ("schemes", "extensions", "seeds")}
+    seeds (a rerun with more schemes or seeds reuses the rows it has), with the row's own seed; the
+    recipes' settings only for a recipe's row."""
+    left_out = ("schemes", "extensions", "seeds", "recipes") + (
+        () if recipe else ("extend_to", "extend_steps")
+    )
+    settings = {k: v for k, v in s.to_json().items() if k not in left_out}
     return {"settings": {**settings, "seed": seed}, "corpus": corpus}
 
 
@@ -223,7 +239,10 @@ def _task_order(settings: Settings) -> tuple[list[str], dict[str, list[str]]]:
     the rest instead of one after another at the end. Then ALiBi, the others by name, learned last.
     """
     order = sorted(settings.schemes, key=lambda s: (s != "rope", s != "alibi", s == "learned", s))
-    followups = {sc: extensions_for(sc, settings.extensions) for sc in settings.schemes}
+    followups = {
+        sc: extensions_for(sc, settings.extensions) + [f"~{r}" for r in settings.recipes_for(sc)]
+        for sc in settings.schemes
+    }
     return order, followups
 
 
@@ -347,7 +366,14 @@ def run_compare(
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
     labels = [_label(sc, seed, settings) for sc in order for seed in _seeds(settings)]
-    display = CompareProgress(settings.steps * len(labels), labels, enabled=progress)
+    recipes = [
+        _label(f"{sc}~{r}", seed, settings)
+        for sc in order
+        for r in settings.recipes_for(sc)
+        for seed in _seeds(settings)
+    ]
+    total = settings.steps * len(labels) + settings.extend_steps * len(recipes)
+    display = CompareProgress(total, labels + recipes, enabled=progress)
     args = (settings, str(out), corpus, cache_dir, device, compile)
     if jobs == 1:
         rows = _run_inline(order, followups, args, display)

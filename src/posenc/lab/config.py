@@ -14,6 +14,7 @@ from posenc.lab.checks import check_choice, check_choices, check_int, check_leng
 from posenc.lab.encodings import ENCODINGS, EXTENSIONS, build, expand_schemes, lookup
 from posenc.lab.errors import LabError
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
+from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
 
 # ---------------------------------------------------------------------------------------------- model
@@ -34,6 +35,8 @@ class GPTConfig:
     max_len: int = D.TRAIN_LEN
     vocab_size: int = VOCAB_SIZE
     rope_base: float = D.ROPE_BASE
+    rope_scaling: dict | None = None  # set by an extension recipe (posenc.lab.recipes)
+    pose_len: int | None = None  # PoSE's target length, set by the "pose" recipe
 
     def __post_init__(self):
         scheme = lookup(self.encoding)
@@ -44,6 +47,12 @@ class GPTConfig:
                 f"d_model={self.d_model} must be a multiple of n_head={self.n_head} (each head gets "
                 f"d_model/n_head dimensions)"
             )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise LabError(
+                f"rope_scaling={self.rope_scaling!r} must be a Hugging Face rope_scaling dict or None"
+            )
+        if self.pose_len is not None:
+            check_int("pose_len", self.pose_len, minimum=self.max_len)
         scheme.check(self)  # a scheme that pairs dimensions needs an even size
 
     @property
@@ -79,9 +88,16 @@ class TrainConfig:
     seed: int = D.SEED
     copy_fraction: float = 0.0  # share of training windows whose second half repeats the first
     passkey_fraction: float = 0.0  # share of training windows made into passkey prompts with the answer
+    # continuing a trained model (an extension recipe, posenc.lab.recipes):
+    seq_len: int | None = None  # window length, default the model's max_len
+    init_from: str | None = None  # a run or checkpoint directory whose weights start this run
+    first_batch: int = 0  # the data stream starts at this step's batch (after the run it continues)
 
     def __post_init__(self):
         check_int("steps", self.steps)
+        if self.seq_len is not None:
+            check_int("seq_len", self.seq_len)
+        check_int("first_batch", self.first_batch, minimum=0)
         check_mix(self.copy_fraction, self.passkey_fraction)
         check_int("batch_size", self.batch_size)
         check_int("warmup", self.warmup, minimum=0)
@@ -123,6 +139,10 @@ class Settings:
     copy_fraction: float = 0.0
     passkey_fraction: float = 0.0
     passkey_trials: int = D.PASSKEY_TRIALS  # 0: none
+    # extension by training (posenc.lab.recipes): each recipe continues the base model for extend_steps
+    extend_to: int = D.EXTEND_TO  # the target length, in training lengths
+    extend_steps: int = 0  # 0: no recipes
+    recipes: tuple[str, ...] = tuple(RECIPES)
 
     def __post_init__(self):
         check_int("seeds", self.seeds)
@@ -151,6 +171,8 @@ class Settings:
                 f"extension 'temp' scales NoPE's scores by log(n) / log(train_len): it needs train_len >= 2, "
                 f"got {self.train_len}; use a longer --train-len or leave 'none' out of --schemes"
             )
+        if self.extend_steps:
+            check_recipes(self.recipes, self.extend_to, self.extend_steps, self.batch_size)
         for scheme in self.schemes:  # every scheme builds, before any trains
             build(self.model_config(scheme))
 
@@ -177,6 +199,21 @@ class Settings:
             seed=self.seed if seed is None else seed,
             copy_fraction=self.copy_fraction,
             passkey_fraction=self.passkey_fraction,
+        )
+
+    def recipes_for(self, scheme: str) -> list[str]:
+        """The recipes this comparison runs on ``scheme`` (none unless ``extend_steps``)."""
+        return [r for r in self.recipes if r in lookup(scheme).recipes] if self.extend_steps else []
+
+    def recipe_configs(self, scheme: str, seed: int, recipe: str, base_run: str) -> tuple:
+        """(GPTConfig, TrainConfig) of ``recipe`` continuing the model of ``scheme`` in ``base_run``."""
+        return continued(
+            self.model_config(scheme),
+            self.train_config(seed),
+            recipe,
+            self.extend_to,
+            self.extend_steps,
+            base_run,
         )
 
     def to_json(self) -> dict:

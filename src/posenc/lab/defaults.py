@@ -37,6 +37,9 @@ COPY_PROBE_MAX_MULT = 2  # the copy probe runs at lengths up to this multiple of
 # `posenc eval` looks at one model interactively: fewer lengths and prompts than a comparison.
 EVAL_COMMAND_MULTS = (1, 2, 4, 8)
 
+# Extension recipes (posenc.lab.recipes): continue a model to this many times its training length.
+EXTEND_TO = 4
+
 # ---------------------------------------------------------------------------------------------- passkey
 
 # One passkey for every command: a 3-digit key in the 34-byte "code" prompt, so that it can be asked inside

@@ -34,6 +34,8 @@ class Encoding:
         places its T tokens at a sorted random sample of T distinct positions from 0 .. n-1 (n = this
         value, or T when T is larger), instead of 0 .. T-1. The encodings (``input``'s and ``rotary``'s)
         must take positions. None: ordinary positions.
+    train_positions: ``fn(batch, T, device) -> (batch, T)`` position ids for the rotary in training
+        forward passes (PoSE's skipping ids, :func:`posenc.lab.recipes.pose_positions`); None: ordinary.
     window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
         of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
     score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
@@ -47,6 +49,7 @@ class Encoding:
     bias: nn.Module | None = None
     layer_bias: Callable[[], nn.Module] | None = None
     random_positions: int | None = None
+    train_positions: Callable | None = None
     window: int | None = None
     score_scale: float = 1.0
 

@@ -22,6 +22,7 @@ This module imports nothing of the laboratory above :mod:`posenc.lab.extensions`
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ from posenc.lab.checks import check_choice
 from posenc.lab.encoding import Encoding
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
+from posenc.lab.recipes import RECIPES, pose_positions
 
 
 class GPTConfig(Protocol):
@@ -60,12 +62,15 @@ class Scheme:
     extensions: the eval-time extensions (names of :data:`posenc.lab.extensions.EXTENSIONS`) that apply.
     pairs: the size the scheme pairs dimensions of, which must then be even: "head_dim" (rotations pair
         the dimensions of a head), "d_model" (the sinusoidal table those of the model), or None.
+    recipes: the extensions by training (:data:`posenc.lab.recipes.RECIPES`) that apply; a scheme with
+        recipes reads ``cfg.rope_scaling`` and ``cfg.pose_len``.
     """
 
     name: str
     build: Callable[[GPTConfig], Encoding]
     extensions: tuple[str, ...] = ()
     pairs: str | None = None
+    recipes: tuple[str, ...] = ()
 
     def __call__(self, cfg: GPTConfig) -> Encoding:
         return self.build(cfg)
@@ -83,12 +88,20 @@ class Scheme:
                 f"encoding={self.name!r} needs an even d_model, got {cfg.d_model} (each frequency fills "
                 f"a sin and a cos dimension)"
             )
+        changed = [k for k in ("rope_scaling", "pose_len") if getattr(cfg, k, None) is not None]
+        if changed and not self.recipes:
+            raise LabError(
+                f"{', '.join(changed)} set for encoding={self.name!r}, which takes no extension recipe "
+                f"(those with recipes: {', '.join(n for n, s in ENCODINGS.items() if s.recipes)})"
+            )
 
 
 ENCODINGS: dict[str, Scheme] = {}
 
 
-def register_encoding(name: str, *, extensions: tuple[str, ...] = (), pairs: str | None = None):
+def register_encoding(
+    name: str, *, extensions: tuple[str, ...] = (), pairs: str | None = None, recipes: tuple[str, ...] = ()
+):
     """Decorator adding ``fn(cfg) -> Encoding`` to the registry as the :class:`Scheme` ``name``."""
     if pairs not in (None, "head_dim", "d_model"):
         raise LabError(f"pairs={pairs!r} is not known; allowed: None, 'head_dim', 'd_model'")
@@ -99,7 +112,7 @@ def register_encoding(name: str, *, extensions: tuple[str, ...] = (), pairs: str
         )
 
     def wrap(fn):
-        ENCODINGS[name] = Scheme(name, fn, tuple(extensions), pairs)
+        ENCODINGS[name] = Scheme(name, fn, tuple(extensions), pairs, tuple(recipes))
         return fn
 
     return wrap
@@ -121,9 +134,20 @@ def _learned(cfg: GPTConfig) -> Encoding:
     return Encoding(input=posenc.LearnedEmbedding(cfg.max_len, cfg.d_model))
 
 
-@register_encoding("rope", extensions=ROPE_EXTENSIONS, pairs="head_dim")
+@register_encoding("rope", extensions=ROPE_EXTENSIONS, pairs="head_dim", recipes=tuple(RECIPES))
 def _rope(cfg: GPTConfig) -> Encoding:
-    return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base))
+    # a recipe's model (posenc.lab.recipes): scaled past the training length, PoSE's positions in training
+    scaling = getattr(cfg, "rope_scaling", None)
+    rotary = posenc.RotaryEmbedding(
+        cfg.head_dim,
+        base=cfg.rope_base,
+        scaling=scaling,
+        max_position_embeddings=cfg.max_len if scaling else None,
+    )
+    pose = getattr(cfg, "pose_len", None)
+    return Encoding(
+        rotary=rotary, train_positions=None if pose is None else functools.partial(pose_positions, pose)
+    )
 
 
 @register_encoding("alibi")

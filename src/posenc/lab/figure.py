@@ -42,6 +42,7 @@ def extrapolation_figure(payload: dict) -> Figure:
     as a third panel when it was measured.
 
     ``payload`` is the content of results.json. One line per scheme, extensions (``scheme+X``) dashed,
+    recipes (``scheme~R``) dash-dotted,
     error bars of one seed sd where there are several seeds (the 95% Wilson interval for passkey
     accuracy), the training length marked; schemes with nothing finite to draw are left out of a panel.
     The figure is not attached to pyplot.
@@ -83,7 +84,7 @@ def _draw_rows(panels: dict, rows: list[dict], trials: int) -> None:
     # for all, below them, so that no line is hidden behind it
     colours = colormaps["tab20"].colors
     for i, r in enumerate(rows):
-        style = "--" if "+" in r["scheme"] else "-"
+        style = "--" if "+" in r["scheme"] else "-." if "~" in r["scheme"] else "-"
         colour = colours[(2 * i) % 20 + (2 * i) // 20 % 2]  # dark shades first, then the light ones
         for name, panel in panels.items():
             if name == "passkey":

@@ -194,7 +194,10 @@ class GPT(nn.Module):
         T = idx.shape[1]
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
         positions = None
-        if enc.random_positions is not None:
+        if self.training and enc.train_positions is not None:
+            positions = enc.train_positions(idx.shape[0], T, idx.device)
+            x = enc.input(x, offset=offset)
+        elif enc.random_positions is not None:
             if cache is not None:
                 raise LabError("a model with randomized positions cannot decode with a KV cache")
             positions = self._random_positions(T, idx.device)

@@ -19,6 +19,7 @@ from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
 from posenc.lab.figure import extrapolation_figure, save_figure
 from posenc.lab.measures import measured
+from posenc.lab.recipes import RECIPES
 from posenc.lab.stats import pooled_wilson
 
 __all__ = [
@@ -198,8 +199,26 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
         f"Wall time {wall_s:.0f} s on {device}.",
         "",
     ]
-    md += _protocol_sections(s, rows, table) + _probe_sections(s, rows) + _passkey_section(s, rows)
+    md += _recipe_section(s) + _protocol_sections(s, rows, table) + _probe_sections(s, rows)
+    md += _passkey_section(s, rows)
     return "\n".join(md)
+
+
+def _recipe_section(s: Settings) -> list[str]:
+    """What the ``scheme~recipe`` rows are, and what they cost (compute-matched), when there are any."""
+    if not s.extend_steps or not any(s.recipes_for(sc) for sc in s.schemes):
+        return []
+    tokens = s.batch_size * s.train_len
+    lines = [
+        f"scheme~R: the trained model continued for {s.extend_steps} more steps towards {s.extend_to} x "
+        f"{s.train_len} = {s.extend_to * s.train_len} tokens with extension recipe R, compute-matched: every "
+        f"recipe sees {tokens} tokens per step ({s.batch_size // s.extend_to} sequences of "
+        f"{s.extend_to * s.train_len} at the target length, or {s.batch_size} of {s.train_len} at the "
+        f"training length), {100 * s.extend_steps / s.steps:.0f}% of the base training's tokens:",
+        "",
+    ]
+    lines += [f"- `{name}`: {RECIPES[name].meaning}" for name in s.recipes]
+    return lines + [""]
 
 
 def _protocol_sections(s: Settings, rows: list[dict], table: str) -> list[str]:

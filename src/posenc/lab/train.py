@@ -26,6 +26,7 @@ from posenc.lab.checkpoint import (
     check_resumable,
     latest_checkpoint,
     read_checkpoint,
+    resolve_checkpoint,
     run_state,
     save_checkpoint,
 )
@@ -115,7 +116,10 @@ def train(
     dev = procs.start(device)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(
-            corpus, cache_dir=cache_dir, min_train_tokens=model_cfg.max_len + 2, min_val_tokens=1
+            corpus,
+            cache_dir=cache_dir,
+            min_train_tokens=(train_cfg.seq_len or model_cfg.max_len) + 2,
+            min_val_tokens=1,
         )
     run = _Run(model_cfg, train_cfg, Path(out_dir), corpus, procs, dev, ckpt_every, backend)
     start = run.restore(resume)
@@ -170,7 +174,7 @@ class _Run:
         self.cfg, self.out, self.corpus = train_cfg, out, corpus
         self.procs, self.dev, self.ckpt_every = procs, dev, ckpt_every
         self.backend = backend
-        self.seq = model_cfg.max_len
+        self.seq = train_cfg.seq_len or model_cfg.max_len
         self.state = run_state(model_cfg, train_cfg, corpus.path)
         torch.manual_seed(train_cfg.seed)
         self.model = GPT(model_cfg).to(dev)
@@ -194,6 +198,9 @@ class _Run:
             self.model.load_state_dict(tensors, strict=True)
             self.optimizer.load_state_dict(opt_state)
             start = int(state["step"])
+        elif self.cfg.init_from is not None:  # a continued model starts from another run's weights
+            tensors, _, _ = read_checkpoint(resolve_checkpoint(self.cfg.init_from), with_optimizer=False)
+            self.model.load_state_dict(tensors, strict=True)
         if self.procs.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "run.json").write_text(json.dumps(self.state, indent=2))
@@ -203,7 +210,7 @@ class _Run:
         """This rank's rows of the global batch of ``step``: ``(x, y)``, each ``(batch / world, seq)``."""
         x, y = batch_at(
             self.corpus.train,
-            step,
+            self.cfg.first_batch + step,
             batch_size=self.cfg.batch_size,
             seq_len=self.seq,
             seed=self.cfg.seed,
