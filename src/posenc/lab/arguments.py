@@ -302,7 +302,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--extend-to",
-        type=int,
+        type=positive_int,
         help=f"the recipes' target length in training lengths (default: {D.EXTEND_TO})",
     )
     p.add_argument(

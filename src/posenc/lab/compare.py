@@ -33,7 +33,6 @@ import os
 import queue
 import re
 import sys
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from posenc.lab.evaluate import perplexities
 from posenc.lab.progress import CompareProgress, InlineQueue
 from posenc.lab.provenance import provenance
 from posenc.lab.report import write_reports
-from posenc.lab.runtime import check_device
+from posenc.lab.runtime import check_device, exit_with_parent, worker_init
 from posenc.lab.stats import combine_seeds
 from posenc.lab.train import compile_backend, train
 
@@ -69,28 +68,6 @@ Task = tuple[str, int, str | None]
 
 
 # ---------------------------------------------------------------------------------------------- one task
-
-
-def _worker_init(threads: int, parent: int) -> None:
-    torch.set_num_threads(threads)
-    _exit_with_parent(parent)
-
-
-def _exit_with_parent(parent: int, every: float = 0.5) -> None:
-    """End this process once ``parent`` (the compare process) is gone, however it died (a background
-    thread checks every ``every`` s).
-
-    A killed compare would otherwise leave its workers training and writing into ``--out``, where a
-    restarted compare would resume from their checkpoints, and its queue's manager waiting forever.
-    Checkpoints are written atomically, so stopping at any moment loses at most one interval.
-    """
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(every)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _run_task(
@@ -115,11 +92,7 @@ def _run_task(
     depends on (:func:`_row_key`), so a rerun, or one asking for more seeds, skips what is done.
     """
     base_run = Path(out) / "models" / _dir_name(scheme) / f"seed-{seed}"
-    recipe = follow[1:] if follow and follow.startswith("~") else None
-    extension = None if recipe else follow
-    name = scheme + (f"+{extension}" if extension else "") + (f"~{recipe}" if recipe else "")
-    # a recipe's model per target and steps: other recipe settings train another, never resume this one
-    run_dir = base_run / f"recipe-{recipe}-x{s.extend_to}-{s.extend_steps}steps" if recipe else base_run
+    name, extension, recipe, run_dir = _task_names(scheme, follow, base_run, s)
     label = _label(name, seed, s)
     eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
     key = _row_key(s, seed, corpus, recipe)
@@ -163,6 +136,17 @@ def _run_task(
     write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
     events.put(("done", label, None))
     return row
+
+
+def _task_names(scheme: str, follow: str | None, base_run: Path, s: Settings):
+    """(row name, extension, recipe, run directory) of a task: ``follow`` is None, an extension's name, or
+    "~" and a recipe's; a recipe's model has a run directory per target and steps inside the base run's,
+    so that other recipe settings train another model and never resume this one."""
+    recipe = follow[1:] if follow and follow.startswith("~") else None
+    extension = None if recipe else follow
+    name = scheme + (f"+{extension}" if extension else "") + (f"~{recipe}" if recipe else "")
+    run_dir = base_run / f"recipe-{recipe}-x{s.extend_to}-{s.extend_steps}steps" if recipe else base_run
+    return name, extension, recipe, run_dir
 
 
 def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, device, compile, events, label):
@@ -269,11 +253,11 @@ def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -
     ctx = mp.get_context("spawn")
     rows = {}
     manager = SyncManager(ctx=ctx)
-    manager.start(_exit_with_parent, (os.getpid(),))
+    manager.start(exit_with_parent, (os.getpid(),))
     with manager:
         events = manager.Queue()
         with ProcessPoolExecutor(
-            jobs, mp_context=ctx, initializer=_worker_init, initargs=(threads, os.getpid())
+            jobs, mp_context=ctx, initializer=worker_init, initargs=(threads, os.getpid())
         ) as pool:
             tasks = {
                 pool.submit(_run_task, sc, seed, *args, events): (sc, seed, None)

@@ -171,8 +171,7 @@ class Settings:
                 f"extension 'temp' scales NoPE's scores by log(n) / log(train_len): it needs train_len >= 2, "
                 f"got {self.train_len}; use a longer --train-len or leave 'none' out of --schemes"
             )
-        if self.extend_steps:
-            check_recipes(self.recipes, self.extend_to, self.extend_steps, self.batch_size)
+        check_recipes(self.recipes, self.extend_to, self.extend_steps, self.batch_size)
         for scheme in self.schemes:  # every scheme builds, before any trains
             build(self.model_config(scheme))
 

@@ -98,14 +98,13 @@ RECIPES: dict[str, Recipe] = {
 
 
 def check_recipes(recipes, factor: int, steps: int, batch_size: int) -> tuple[str, ...]:
-    """The recipes of a comparison, checked: known names, an integer factor >= 2 that divides the batch (the
-    sequences per step at the target length), and a positive number of steps when any is asked."""
+    """The recipes of a comparison, checked whether or not any runs: known names, steps >= 0 (0: none run),
+    an integer factor >= 2; when they run, the factor must divide the batch (the sequences per step at the
+    target length)."""
     recipes = check_choices("recipes", recipes, RECIPES, empty_ok=True)
-    if not recipes:
-        return recipes
-    check_int("extend_steps", steps)
+    check_int("extend_steps", steps, minimum=0)
     check_int("extend_to", factor, minimum=2)
-    if batch_size % factor:
+    if steps and recipes and batch_size % factor:
         raise LabError(
             f"extend_to={factor} must divide batch_size={batch_size}: recipes at the target length train on "
             f"batch_size / extend_to sequences per step, so that every recipe sees the same tokens"

@@ -7,6 +7,8 @@ backend gloo on CPU and nccl on CUDA, and on CUDA each uses the GPU ``cuda:LOCAL
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -67,3 +69,26 @@ class Processes:
             if dev.type == "cpu":
                 torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world))
         return dev
+
+
+def worker_init(threads: int, parent: int) -> None:
+    """A compare worker process: ``threads`` torch threads, and it ends when the compare process does."""
+    torch.set_num_threads(threads)
+    exit_with_parent(parent)
+
+
+def exit_with_parent(parent: int, every: float = 0.5) -> None:
+    """End this process once ``parent`` (the compare process) is gone, however it died (a background
+    thread checks every ``every`` s).
+
+    A killed compare would otherwise leave its workers training and writing into ``--out``, where a
+    restarted compare would resume from their checkpoints, and its queue's manager waiting forever.
+    Checkpoints are written atomically, so stopping at any moment loses at most one interval.
+    """
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(every)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
