@@ -12,6 +12,7 @@ import torch
 from posenc.hf import patch_model, position_plan, unpatch_model
 from posenc.rope.mrope import mrope_decode_positions
 
+from . import families
 from .families import TOL, build, max_diff
 from .vl import hf_rope_index, layout
 
@@ -77,3 +78,30 @@ def test_multimodal_positions_match_transformers(family):
     assert wrong > WRONG and wrong_steps > WRONG
     # text alone cannot tell the two slot orders apart: all three axes carry the same position
     assert max_diff(bad_text, want_text) <= TOL
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_dynamic_ntk_over_three_axes_matches_transformers(family, monkeypatch):
+    # trained at 8 positions, so the grids' positions reach past it: transformers takes dynamic NTK's length
+    # as 1 + the largest position id on any axis, growing as decoding goes on
+    cfg_cls, model_cls, kwargs = families.FAMILIES[family]
+    params = {**kwargs["rope_parameters"], "rope_type": "dynamic", "factor": 2.0}
+    monkeypatch.setitem(
+        families.FAMILIES,
+        family,
+        (cfg_cls, model_cls, {**kwargs, "rope_parameters": params, "max_position_embeddings": 8}),
+    )
+    model, _ = build(family)
+    types_, mask, images, videos = layout(family)
+    positions, deltas = hf_rope_index(
+        family, types_, mask=mask, images=images, videos=videos, seconds=SECONDS
+    )
+    assert int(positions.max()) + 1 > 8  # the schedule is scaled
+    ids = torch.randint(3, 128, types_.shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = run(model, ids, mask, positions, deltas)
+        patch_model(model)
+        got = run(model, ids, mask, positions, deltas)
+        unpatch_model(model)
+    assert max_diff(real(got[0], mask), real(want[0], mask)) <= TOL
+    assert max_diff(got[1:], want[1:]) <= TOL

@@ -143,6 +143,26 @@ def test_text_after_a_long_video_continues_after_it():
     assert int(deltas) == 9 - 12 and int(want_deltas) == 7 - 12  # both decode from 1 + their maximum
 
 
+def test_dynamic_ntk_takes_its_length_from_the_largest_position_on_any_axis():
+    # text positions: every axis alike, so M-RoPE is 1-D RoPE with dynamic NTK at 1 + the largest position
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    mrope = MRotaryEmbedding(16, (4, 2, 2), scaling=scaling, max_position_embeddings=8)
+    rope = RotaryEmbedding(16, scaling=scaling, max_position_embeddings=8, layout="half")
+    text = torch.arange(20)
+    cos, sin = mrope.cos_sin(text.expand(3, 1, -1))
+    want_cos, want_sin = rope.cos_sin(20, positions=text, context_len=20)
+    torch.testing.assert_close(cos[0], want_cos, rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin[0], want_sin, rtol=0, atol=1e-6)
+    # three axes: the length is 1 + the largest position of any axis (transformers' torch.max(ids) + 1)
+    axes = torch.stack([text, text // 2, text + 7])[:, None]  # the width axis reaches 26
+    got, _ = mrope.cos_sin(axes)
+    plain, _ = mrope.cos_sin(axes, context_len=27)
+    torch.testing.assert_close(got, plain, rtol=0, atol=0)
+    inside, _ = mrope.cos_sin(axes[..., :1])  # positions 0, 0, 7: within the trained 8, no scaling
+    unscaled = MRotaryEmbedding(16, (4, 2, 2), max_position_embeddings=8).cos_sin(axes[..., :1])[0]
+    torch.testing.assert_close(inside, unscaled, rtol=0, atol=1e-7)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mrope_section"):
         MRotaryEmbedding(16, (4, 4), 1e4)
@@ -150,10 +170,6 @@ def test_bad_arguments():
         MRotaryEmbedding(16, (4, 2, 3), 1e4)  # 9 pairs for 8
     with pytest.raises(ValueError, match="interleaved"):
         MRotaryEmbedding(16, (2, 3, 3), 1e4, interleaved=True)
-    with pytest.raises(ValueError, match="length"):
-        MRotaryEmbedding(
-            16, (4, 2, 2), scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=8
-        )
     rot = MRotaryEmbedding(16, (4, 2, 2))
     q = torch.randn(1, 1, 5, 16)
     with pytest.raises(ValueError, match="3 axes"):

@@ -71,7 +71,9 @@ class MRotaryEmbedding(nn.Module):
         mrope_section: pairs per axis (time, height, width); they sum to rotary_dim / 2.
         base: rope_theta.
         interleaved: Qwen3-VL's interleaved frequency slots instead of Qwen2-VL's contiguous sections.
-        scaling: a static Hugging Face scaling dict (linear, ntk, yarn, llama3, ...) or None.
+        scaling: a Hugging Face scaling dict (linear, ntk, yarn, llama3, dynamic, ...) or None. A
+            length-dependent method (dynamic NTK) takes its length as 1 + the largest position of the call on
+            any axis, as transformers does, unless ``context_len`` is given.
         layout: pairing of dimensions, "half" (Qwen, rotate_half) or "interleaved".
         rotary_dim: rotate only the first rotary_dim dimensions (default 2 * sum(mrope_section)).
 
@@ -110,11 +112,6 @@ class MRotaryEmbedding(nn.Module):
             rotary_dim=rotary_dim,
             max_position_embeddings=max_position_embeddings,
         )
-        if schedule.length_dependent:
-            raise ValueError(
-                f"scaling rope_type {schedule.method!r} depends on the sequence length, which M-RoPE "
-                "positions do not define; use a static method (linear, ntk, yarn, llama3) or None"
-            )
         if 2 * sum(section) != schedule.freq_dim:
             raise ValueError(
                 f"mrope_section {list(section)} sums to {sum(section)} pairs, but the rotary dimension "
@@ -126,34 +123,49 @@ class MRotaryEmbedding(nn.Module):
         self.mrope_section, self.interleaved = section, interleaved
         self.layout = _checks.layout(layout)
         self.axes = mrope_axes(section, interleaved)
+        self.schedule = schedule
         inv, attn = schedule.at()
         self.inv_freq64, self.attention_factor = inv, float(attn)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32):
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, context_len=None):
         """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (3, batch, seq)
-        positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2))."""
+        positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2)). ``context_len``:
+        the length a length-dependent schedule is taken at (default 1 + the largest of ``positions``)."""
         positions = _positions3(positions)
+        inv, attn = self._frequencies(positions, context_len)
         if positions.dim() <= 2:  # text, (seq,) or (batch, seq): all three axes alike
-            return cos_sin_of(positions, self.inv_freq64, self.attention_factor, dtype)
+            return cos_sin_of(positions, inv, attn, dtype)
         axes = self.axes.to(positions.device)
         # the position each pair follows: (batch, seq, pairs), then angles pair by pair
         per_pair = positions.permute(1, 2, 0)[..., axes]
-        theta = per_pair.to(torch.float64) * self.inv_freq64.to(positions.device)
-        cos, sin = torch.cos(theta) * self.attention_factor, torch.sin(theta) * self.attention_factor
+        theta = per_pair.to(torch.float64) * inv.to(positions.device)
+        cos, sin = torch.cos(theta) * attn, torch.sin(theta) * attn
         return cos.to(dtype), sin.to(dtype)
 
-    def _tables(self, x: torch.Tensor, positions):
+    def _frequencies(self, positions: torch.Tensor, context_len) -> tuple[torch.Tensor, float]:
+        """inv_freq (float64) and attention factor for a call: the schedule's own unless it depends on the
+        length, then at ``context_len`` or 1 + the largest position on any axis (transformers' rule)."""
+        if not self.schedule.length_dependent:
+            return self.inv_freq64, self.attention_factor
+        if context_len is None:
+            context_len = int(positions.max()) + 1 if positions.numel() else 1
+        inv, attn = self.schedule.at(seq_len=context_len)
+        return inv, float(attn)
+
+    def _tables(self, x: torch.Tensor, positions, context_len=None):
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions.to(x.device), dtype)
+        cos, sin = self.cos_sin(positions.to(x.device), dtype, context_len)
         if cos.dim() == 2:
             return cos, sin
         return align_to(cos, sin, x, "positions")
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def rotate(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, context_len=None
+    ) -> torch.Tensor:
         """Rotate one tensor x (batch, heads, seq, head_dim) by its (3, batch, seq) positions."""
         _needs_positions(positions)
         self._check("x", x, positions)
-        return apply_rotary(x, *self._tables(x, positions), layout=self.layout)
+        return apply_rotary(x, *self._tables(x, positions, context_len), layout=self.layout)
 
     def forward(
         self,
@@ -173,8 +185,14 @@ class MRotaryEmbedding(nn.Module):
                 f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead"
             )
         self._check("q", q, positions)
-        if k_positions is not None:
-            return self.rotate(q, positions), self.rotate(k, k_positions)
+        if k_positions is not None:  # one schedule for both: a length-dependent one at the keys' length
+            context = None
+            if self.schedule.length_dependent:
+                keys = _positions3(k_positions)
+                context = int(keys.max()) + 1 if keys.numel() else 1
+            return self.rotate(q, positions, context_len=context), self.rotate(
+                k, k_positions, context_len=context
+            )
         self._check("k", k, positions, " (keys of another length: give the keys' k_positions=)")
         cos, sin = self._tables(q, positions)
         return apply_rotary_qk(q, k, cos, sin, layout=self.layout)
