@@ -78,7 +78,7 @@ def _windowed(bias, mask: torch.Tensor):
     queries (Shaw et al., CoPE), which cannot be materialised."""
     if bias is None:
         return mask
-    if isinstance(bias, (posenc.ALiBi, ScoreBias)):
+    if isinstance(bias, ScoreBias):  # ALiBi, T5, KERPLE, Sandwich, FIRE
         scores = bias.bias(mask.shape[0], mask.shape[1], causal=True)  # (heads, q_len, k_len)
         return scores.masked_fill(~mask, -math.inf)
     raise LabError(

@@ -106,7 +106,7 @@ class GPT(nn.Module):
     forward(idx (B, T) int64, cache=None) -> logits (B, T, V) float32. With a :class:`KVCache`, ``idx``
     holds only the new tokens; their positions continue from ``cache.length``.
 
-    Positions come from one :class:`~posenc.lab.encodings.Encoding` (``self.encoding``), built from the
+    Positions come from one :class:`~posenc.lab.encoding.Encoding` (``self.encoding``), built from the
     config's scheme; the model names no scheme and no extension. The encoding's modules are children
     (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so ``.to(device)`` and ``state_dict`` see
     them (a learned table, a bias's parameters); ``rotary``, ``score_bias`` and ``layer_biases`` may be
