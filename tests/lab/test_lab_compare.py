@@ -63,7 +63,7 @@ def expected_rows(settings):
     ]
 
 
-MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "copy_first", "copy_repeat", "passkey"]
+MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "reach", "copy_first", "copy_repeat", "passkey"]
 
 
 def test_compare_writes_results_json_with_the_exact_schema(compared):
@@ -92,7 +92,9 @@ def test_compare_writes_results_json_with_the_exact_schema(compared):
         assert list(r) == keys
         assert r["seeds"] == 1 and list(r["per_seed"]) == ["0"]
         for m in MEASURES:
-            assert list(r[m]) == [str(n) for n in data["eval_lens"]]
+            # reach: the contexts L/4 and L/2 at the training length; the others: every length
+            want = [str(tiny.train_len // 4), str(tiny.train_len // 2)] if m == "reach" else data["eval_lens"]
+            assert list(r[m]) == [str(n) for n in want]
             assert all(v is None for v in r[f"{m}_sd"].values())  # one seed: no spread
             assert r["per_seed"]["0"][m] == r[m]  # one seed: the mean is that seed's value
         for v in r["ppl"].values():

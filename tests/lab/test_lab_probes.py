@@ -9,7 +9,7 @@ import torch
 from posenc.lab.config import GPTConfig
 from posenc.lab.evaluate import position_losses
 from posenc.lab.model import GPT
-from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
+from posenc.lab.probes import context_reach, copy_probe, far_context_gain, probe_windows
 
 VAL = (np.arange(4000) * 7919 % 251).astype(np.uint8)
 
@@ -93,3 +93,31 @@ def test_probe_windows_are_the_first_windows_of_the_windows_protocol():
     for w in range(4):
         assert rows[w].tolist() == VAL[w * 10 : w * 10 + 11].tolist()
     assert probe_windows(VAL[:35], 10, 48).shape == (3, 11)  # fewer when the split is short
+
+
+def test_reach_inside_the_training_length_compares_contexts_of_a_quarter_and_a_half():
+    # a model whose loss at every target is 1 / (the window's length): the ratio of perplexities is known
+    def losses_fn(windows):
+        return torch.full(
+            (windows.shape[0], windows.shape[1] - 1), 1.0 / windows.shape[1], dtype=torch.float64
+        )
+
+    rows = torch.randint(0, 256, (3, 17), generator=torch.Generator().manual_seed(0))
+    got = context_reach(losses_fn, rows, 16, last=32)
+    assert set(got) == {4, 8}
+    assert got[4] == pytest.approx(math.exp(1 / 5 - 1 / 17)) and got[8] == pytest.approx(
+        math.exp(1 / 9 - 1 / 17)
+    )
+    assert context_reach(losses_fn, rows[:, :5], 4) == {}  # no quarter of 4 to speak of
+
+
+def test_reach_of_a_model_is_the_gain_probe_at_the_shorter_contexts():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=16)).eval()
+    rows = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(1))
+    run = lambda w: position_losses(model, w)  # noqa: E731
+    got = context_reach(run, rows, 16)
+    for c in (4, 8):
+        full = run(rows)[:, -4:]
+        short = run(rows[:, -(c + 1) :])[:, -4:]  # the same last 4 targets, c tokens of context
+        assert got[c] == pytest.approx(math.exp(short.mean().item() - full.mean().item()), rel=1e-12)

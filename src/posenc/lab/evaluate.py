@@ -34,7 +34,7 @@ from posenc.lab import defaults as D
 from posenc.lab.checks import check_lengths
 from posenc.lab.data import sliding_windows, windows
 from posenc.lab.encodings import EXTENSIONS, eval_extension, extensions_for
-from posenc.lab.measures import MEASURE_NAMES
+from posenc.lab.measures import BY_LENGTH, MEASURE_NAMES
 from posenc.lab.model import GPT
 from posenc.lab.passkey import (
     answered,
@@ -43,7 +43,7 @@ from posenc.lab.passkey import (
     passkey_hits,
     passkey_share,
 )
-from posenc.lab.probes import copy_probe, far_context_gain, probe_windows
+from posenc.lab.probes import context_reach, copy_probe, far_context_gain, probe_windows
 
 __all__ = [
     "EXTENSIONS",
@@ -97,6 +97,7 @@ class Row:
     ppl_past: dict[int, float | None] = field(default_factory=dict)
     ppl_sliding: dict[int, float | None] = field(default_factory=dict)
     gain: dict[int, float | None] = field(default_factory=dict)
+    reach: dict[int, float | None] = field(default_factory=dict)
     copy_first: dict[int, float | None] = field(default_factory=dict)
     copy_repeat: dict[int, float | None] = field(default_factory=dict)
     passkey: dict[int, float | None] = field(default_factory=dict)
@@ -158,11 +159,11 @@ def perplexities(
                 if passkey_trials:
                     row.passkey[length] = passkey_share(model, val, length, passkey_trials)
             except posenc.PositionError as e:
-                for name in METRICS:
+                for name in BY_LENGTH:
                     getattr(row, name).setdefault(length, None)
                 if row.note is None:  # the first failing length names the first missing position
                     row.note = f"n/a past {train_len} tokens: {e}"
-    for name in METRICS:  # the dicts in length order, whatever order they were filled in
+    for name in BY_LENGTH:  # the dicts in length order, whatever order they were filled in
         setattr(row, name, {n: getattr(row, name)[n] for n in eval_lens if n in getattr(row, name)})
     return row
 
@@ -187,6 +188,8 @@ def _probes(row: Row, run, losses, val, length, train_len, n_windows, last) -> N
     """
     rows = probe_windows(val, length, min(n_windows, losses.shape[0]))
     row.gain[length] = far_context_gain(run, rows, train_len, last=last, full_losses=losses)
+    if length == train_len:
+        row.reach = context_reach(run, rows, train_len, last=last, full_losses=losses)
     if length <= D.COPY_PROBE_MAX_MULT * train_len:
         row.copy_first[length], row.copy_repeat[length] = copy_probe(
             run, probe_windows(val, length, n_windows)

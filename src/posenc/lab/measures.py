@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["MEASURES", "MEASURE_NAMES", "Measure", "measured"]
+__all__ = ["BY_LENGTH", "MEASURES", "MEASURE_NAMES", "Measure", "measured"]
 
 
 @dataclass(frozen=True)
@@ -18,11 +18,14 @@ class Measure:
     needs: what must be asked for it to be measured: None (always), a protocol ("past", "sliding"),
         "probe" (probe windows > 0) or "passkey" (passkey trials > 0).
     meaning: one line, for readers of results.json.
+    keyed_by: what its values are keyed by: "length" (the evaluation length) or "context" (a context
+        length inside the training length, measured at the training length).
     """
 
     name: str
     needs: str | None
     meaning: str
+    keyed_by: str = "length"
 
 
 MEASURES: tuple[Measure, ...] = (
@@ -30,11 +33,19 @@ MEASURES: tuple[Measure, ...] = (
     Measure("ppl_past", "past", "the windows protocol on positions at or past the training length"),
     Measure("ppl_sliding", "sliding", "the sliding protocol: the last L tokens of windows at stride L"),
     Measure("gain", "probe", "far-context gain: ppl(last L as context) / ppl(whole window)"),
+    Measure(
+        "reach",
+        "probe",
+        "far-context gain inside the training length: ppl(last c tokens as context) / ppl(whole window of "
+        "L), c = L/4 and L/2",
+        keyed_by="context",
+    ),
     Measure("copy_first", "probe", "copy probe: ppl on a segment's first occurrence"),
     Measure("copy_repeat", "probe", "copy probe: ppl on the segment's repeat"),
     Measure("passkey", "passkey", "share of passkey prompts answered exactly"),
 )
 MEASURE_NAMES: tuple[str, ...] = tuple(m.name for m in MEASURES)
+BY_LENGTH: tuple[str, ...] = tuple(m.name for m in MEASURES if m.keyed_by == "length")
 
 
 def measured(protocols, probe_windows: int, passkey_trials: int) -> list[str]:

@@ -31,7 +31,7 @@ import torch
 
 from posenc.lab.data import repeat_rows, windows
 
-__all__ = ["copy_probe", "far_context_gain", "probe_windows"]
+__all__ = ["context_reach", "copy_probe", "far_context_gain", "probe_windows"]
 
 
 def probe_windows(val: np.ndarray, length: int, n_windows: int) -> torch.Tensor:
@@ -65,6 +65,20 @@ def far_context_gain(
     full = torch.cat(parts)
     short = losses_fn(rows[:, -(train_len + 1) :])[:, -last:]
     return math.exp(short.mean().item() - full.mean().item())
+
+
+def context_reach(
+    losses_fn, rows: torch.Tensor, train_len: int, *, last: int = 32, full_losses: torch.Tensor | None = None
+) -> dict[int, float]:
+    """Far-context gain inside the training length: for c = L/4 and L/2, ``ppl(last c tokens as context) /
+    ppl(whole window)`` on windows ``rows`` ``(N, L + 1)``, every ratio on the same last ``min(last, L/4)``
+    targets, so that they compare. How far back within what it was trained on a model reads: near 1 at
+    L/4, it uses a quarter of its context at most. ``{}`` when L < 8 (no quarter to speak of)."""
+    if train_len < 8:
+        return {}
+    contexts = (train_len // 4, train_len // 2)
+    last = min(last, contexts[0])
+    return {c: far_context_gain(losses_fn, rows, c, last=last, full_losses=full_losses) for c in contexts}
 
 
 def copy_probe(losses_fn, rows: torch.Tensor) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
 from posenc.lab.figure import extrapolation_figure, save_figure
-from posenc.lab.measures import measured
+from posenc.lab.measures import BY_LENGTH, measured
 from posenc.lab.recipes import RECIPES
 from posenc.lab.stats import pooled_wilson
 
@@ -112,6 +112,17 @@ def gain_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     return grid_table(head, body, text_columns=1)
 
 
+def reach_table(rows: list[dict], train_len: int) -> str:
+    """Far-context gain inside the training length: per context c, ppl(last c as context) / ppl(window of
+    the training length) ("" when it was not measured)."""
+    contexts = sorted({int(c) for r in rows for c in (r.get("reach") or {})})
+    if not contexts:
+        return ""
+    head = ["scheme"] + [f"reach@{c} (L/{train_len // c})" for c in contexts]
+    body = [[r["scheme"]] + [_cell(r, "reach", c, 3) for c in contexts] for r in rows]
+    return grid_table(head, body, text_columns=1)
+
+
 def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
     """The copy probe: perplexity on a segment's first occurrence and on its repeat, at each length where it
     was measured ("" when none)."""
@@ -158,19 +169,19 @@ def results_payload(
     row its scheme, seeds, each measure (mean over seeds) with its ``_sd``, the per-seed values and note."""
     eval_lens = settings.eval_lens
     names = measured(settings.protocols, settings.probe_windows, settings.passkey_trials)
+    keys = {name: [str(n) for n in eval_lens] if name in BY_LENGTH else None for name in names}
+
+    def cells(values: dict, name: str) -> dict:  # every length, None where missing; contexts as measured
+        return {k: values.get(k) for k in keys[name]} if keys[name] is not None else dict(values)
 
     def row(r: dict) -> dict:
         out = {"scheme": r["scheme"], "seeds": r.get("seeds", 1)}
         for name in names:
-            out[name] = {str(n): r.get(name, {}).get(str(n)) for n in eval_lens}
-            out[f"{name}_sd"] = {str(n): r.get(f"{name}_sd", {}).get(str(n)) for n in eval_lens}
+            out[name] = cells(r.get(name, {}), name)
+            out[f"{name}_sd"] = cells(r.get(f"{name}_sd", {}), name)
         if "per_seed" in r:
             out["per_seed"] = {
-                seed: {
-                    name: {str(n): values[name].get(str(n)) for n in eval_lens}
-                    for name in names
-                    if name in values
-                }
+                seed: {name: cells(values[name], name) for name in names if name in values}
                 for seed, values in r["per_seed"].items()
             }
         out["note"] = r["note"]
@@ -260,6 +271,16 @@ def _probe_sections(s: Settings, rows: list[dict]) -> list[str]:
             f"{L} help; 1: the model acts like a window of {L}; below 1: they hurt):",
             "",
             gain,
+            "",
+        ]
+    reach = reach_table(rows, L) if s.probe_windows else ""
+    if reach:
+        md += [
+            f"Far-context gain inside the training length: ppl with only the last c tokens as context / ppl "
+            f"with the whole window of {L}, on the last {min(32, L // 4)} tokens of the same windows (near 1 "
+            f"at c = L/4: the model reads no farther back than a quarter of what it was trained on):",
+            "",
+            reach,
             "",
         ]
     copies = copy_table(rows, lens, L) if s.probe_windows else ""
