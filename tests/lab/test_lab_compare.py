@@ -418,3 +418,22 @@ def test_a_corrupt_saved_row_is_set_aside_and_evaluated_again(compared, corpus_d
     assert {k: v for k, v in after.items() if k not in timings} == {
         k: v for k, v in before.items() if k not in timings
     }
+
+
+def test_a_saved_row_without_a_newer_measure_is_evaluated_again(compared, corpus_dir, tmp_path):
+    """A row saved before a measure existed (here: without "reach") is measured again, not reused with the
+    measure missing; the model is not retrained."""
+    import shutil
+
+    out, cache, _ = compared
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    saved = copy / "models" / "rope" / "seed-0" / "eval.json"
+    stamp = (copy / "models" / "rope" / "seed-0").rglob("model.safetensors")
+    stamps = {p: p.stat().st_mtime_ns for p in stamp}
+    old = json.loads(saved.read_text())
+    before = old["row"].pop("reach")
+    saved.write_text(json.dumps(old))
+    assert main(tiny_compare_args(copy, corpus_dir, cache)) == 0
+    assert json.loads(saved.read_text())["row"]["reach"] == before
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps

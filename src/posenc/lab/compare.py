@@ -54,6 +54,7 @@ from posenc.lab.config import Settings
 from posenc.lab.data import load_corpus
 from posenc.lab.encodings import extensions_for
 from posenc.lab.evaluate import perplexities
+from posenc.lab.measures import MEASURE_NAMES
 from posenc.lab.progress import CompareProgress, InlineQueue
 from posenc.lab.provenance import provenance
 from posenc.lab.report import write_reports
@@ -196,12 +197,15 @@ def _saved_row(eval_path: Path, key: dict) -> dict | None:
     """The row an earlier run saved at ``eval_path`` for the same settings and corpus (``key``), or None.
 
     A file that does not parse (damaged on disk, edited by hand) is set aside as ``<name>.corrupt``, said on
-    stderr, and the row evaluated again: it is derived from the checkpoint, which is kept."""
+    stderr, and the row evaluated again: it is derived from the checkpoint, which is kept. A row saved
+    before one of the measures existed is evaluated again too."""
     if not eval_path.exists():
         return None
     try:
         saved = json.loads(eval_path.read_text())
         row = saved["row"] if saved.get("key") == key else None
+        if row is not None and any(name not in row for name in MEASURE_NAMES):
+            row = None  # saved before a measure existed: evaluate again, the checkpoint is kept
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         aside = eval_path.with_name(eval_path.name + ".corrupt")
         os.replace(eval_path, aside)
