@@ -36,6 +36,9 @@ class Encoding:
         must take positions. None: ordinary positions.
     train_positions: ``fn(batch, T, device) -> (batch, T)`` position ids for the rotary in training
         forward passes (PoSE's skipping ids, :func:`posenc.lab.recipes.pose_positions`); None: ordinary.
+    sinks: a learned logit per head in every layer, one more entry of every softmax row with no value
+        (attention sinks: Xiao et al. 2023, arxiv.org/abs/2309.17453, as GPT-OSS learns them), started
+        at 0; the model holds them, one (heads,) parameter per layer.
     window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
         of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
     score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
@@ -50,6 +53,7 @@ class Encoding:
     layer_bias: Callable[[], nn.Module] | None = None
     random_positions: int | None = None
     train_positions: Callable | None = None
+    sinks: bool = False
     window: int | None = None
     score_scale: float = 1.0
 

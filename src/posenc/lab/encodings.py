@@ -200,6 +200,13 @@ def _cope(cfg: GPTConfig) -> Encoding:
     return Encoding(layer_bias=lambda: posenc.CoPE(cfg.head_dim, npos_max=cfg.max_len + 1))
 
 
+@register_encoding("rope-sinks", pairs="head_dim")
+def _rope_sinks(cfg: GPTConfig) -> Encoding:
+    # RoPE with a learned attention sink per head and layer (Xiao et al. 2023; GPT-OSS's form): each softmax
+    # row can put weight on "nothing", so no token has to serve as the sink
+    return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base), sinks=True)
+
+
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick
 # preset (16 x the training length), so that every position seen at evaluation was seen in training.
 RANDOM_RANGE_MULTIPLE = 16

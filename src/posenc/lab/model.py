@@ -124,6 +124,9 @@ class GPT(nn.Module):
         self.layer_biases = None
         if enc.layer_bias is not None:
             self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
+        self.sinks = None
+        if enc.sinks:
+            self.sinks = nn.ParameterList(nn.Parameter(torch.zeros(cfg.n_head)) for _ in range(cfg.n_layer))
         self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -211,9 +214,14 @@ class GPT(nn.Module):
                 out["positions"] = positions
             return out
 
-        shared = attend(enc.bias) if self.layer_biases is None else None
+        shared = attend(enc.bias) if self.layer_biases is None and self.sinks is None else None
         for i, block in enumerate(self.blocks):
-            x = block(x, shared if shared is not None else attend(self.layer_biases[i]), cache, i)
+            layer = shared
+            if layer is None:
+                layer = attend(self.layer_biases[i] if self.layer_biases is not None else enc.bias)
+                if self.sinks is not None:
+                    layer["sinks"] = self.sinks[i]
+            x = block(x, layer, cache, i)
         if cache is not None:
             cache.length += T
         return self.norm(x) @ self.tok.weight.T
