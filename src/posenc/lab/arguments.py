@@ -100,7 +100,6 @@ def _add_train(subparsers) -> None:
 
 
 def _add_eval(subparsers) -> None:
-
     p = subparsers.add_parser(
         "eval",
         help="perplexity at several lengths, eval-time extensions, passkey retrieval",
@@ -142,7 +141,6 @@ def _add_eval(subparsers) -> None:
 
 
 def _add_sample(subparsers) -> None:
-
     p = subparsers.add_parser(
         "sample", help="generate text from a checkpoint (KV-cached)", formatter_class=HelpFormatter
     )
