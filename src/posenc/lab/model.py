@@ -124,9 +124,7 @@ class GPT(nn.Module):
         self.layer_biases = None
         if enc.layer_bias is not None:
             self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
-        self.sinks = None
-        if enc.sinks:
-            self.sinks = nn.ParameterList(nn.Parameter(torch.zeros(cfg.n_head)) for _ in range(cfg.n_layer))
+        self.sinks = _sinks(cfg) if enc.sinks else None
         self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -207,21 +205,9 @@ class GPT(nn.Module):
             x = enc.input(x, positions=positions)
         else:
             x = enc.input(x, offset=offset)
-
-        def attend(bias) -> dict:
-            out = enc.attend(bias, T, offset + T, self.cfg.head_dim, idx.device)
-            if positions is not None and enc.rotary is not None:
-                out["positions"] = positions
-            return out
-
-        shared = attend(enc.bias) if self.layer_biases is None and self.sinks is None else None
-        for i, block in enumerate(self.blocks):
-            layer = shared
-            if layer is None:
-                layer = attend(self.layer_biases[i] if self.layer_biases is not None else enc.bias)
-                if self.sinks is not None:
-                    layer["sinks"] = self.sinks[i]
-            x = block(x, layer, cache, i)
+        layers = _per_layer(self, T, offset, positions, idx.device)
+        for i, (block, attend) in enumerate(zip(self.blocks, layers, strict=True)):
+            x = block(x, attend, cache, i)
         if cache is not None:
             cache.length += T
         return self.norm(x) @ self.tok.weight.T
@@ -268,6 +254,34 @@ class GPT(nn.Module):
             out = torch.cat((out, nxt), dim=1)
             step_input = nxt
         return out
+
+
+def _sinks(cfg: GPTConfig) -> nn.ParameterList:
+    """A learned sink logit per head for every layer, started at 0 (Xiao et al. 2023; GPT-OSS)."""
+    return nn.ParameterList(nn.Parameter(torch.zeros(cfg.n_head)) for _ in range(cfg.n_layer))
+
+
+def _per_layer(model: GPT, q_len: int, offset: int, positions, device):
+    """The keyword arguments of :func:`posenc.attention` for each layer in turn, from the model's encoding:
+    its rotary, its bias (shared, or the layer's own) under its window, its score scale, the layer's sink
+    logits, and the positions of this call when they are not the ordinary ones."""
+    enc = model.encoding
+
+    def attend(bias, layer: int) -> dict:
+        out = enc.attend(bias, q_len, offset + q_len, model.cfg.head_dim, device)
+        if positions is not None and enc.rotary is not None:
+            out["positions"] = positions
+        if model.sinks is not None:
+            out["sinks"] = model.sinks[layer]
+        return out
+
+    shared = attend(enc.bias, 0) if model.layer_biases is None and model.sinks is None else None
+    for i in range(len(model.blocks)):
+        yield (
+            shared
+            if shared is not None
+            else attend(model.layer_biases[i] if model.layer_biases is not None else enc.bias, i)
+        )
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
