@@ -16,6 +16,7 @@ import types
 import torch
 
 from ..rope import RotaryEmbedding
+from ..rope.table import call_context
 from .families import Attention, having
 from .ledger import Ledger
 from .plan import LayerPlan, Rope
@@ -66,7 +67,7 @@ class _State:
             return module.cos_sin(positions)
         text = self.text_positions()
         # transformers scales length-dependent methods for 1 + the largest position of the whole call
-        context = int(text.max()) + 1 if text.numel() else 1
+        context = call_context(text)
         return module.cos_sin(text.shape[-1], positions=text, device=pos.device, context_len=context)
 
     def _form(self, cos, sin, dtype):

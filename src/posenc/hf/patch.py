@@ -13,6 +13,7 @@ import torch
 
 from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
+from ..rope.table import call_context
 from ._config import _get, rope_settings, rotary_from_config
 from .families import having
 from .layers import ADAPTERS, patch_layers
@@ -40,7 +41,7 @@ def _cos_sin(module, x, position_ids):
         shape = (*position_ids.shape, rot.rotary_dim // 2)
         return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
     # transformers scales length-dependent methods for 1 + the largest position in the whole batch
-    context = int(position_ids.max()) + 1 if position_ids.numel() else 1
+    context = call_context(position_ids)
     return rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
 
 

@@ -17,18 +17,19 @@ tokens whatever the recipe (compute-matched; attention's share grows with T, a f
   L's cost.
 - ``none``: the control: K more steps at L, nothing changed.
 
-This module imports nothing of the laboratory but its checks and errors.
+This module imports nothing of the laboratory but its checks and errors; the schedules are the eval-time
+extensions' (:func:`posenc.rope.frequencies.extension_scaling`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from posenc.lab.checks import check_choices, check_int
 from posenc.lab.errors import LabError
+from posenc.rope.frequencies import extension_scaling
 
 __all__ = ["RECIPES", "Recipe", "check_recipes", "continued", "pose_positions"]
 
@@ -38,61 +39,42 @@ class Recipe:
     """One way to extend a trained model by training.
 
     name: what ``--recipes`` calls it; the row is ``<scheme>~<name>``.
-    adapt: ``adapt(model_config, factor) -> model_config`` of the continued model.
+    method: the RoPE schedule it trains with, a short name of
+        :func:`posenc.rope.frequencies.extension_scaling` ("pi", "yarn", "ntk"), or None (unchanged).
     at_target: it trains on windows of the target length (else of the training length).
+    pose: its windows' position ids skip so that they cover the target length (PoSE).
     meaning: one line for the report.
     """
 
     name: str
-    adapt: Callable
+    method: str | None
     at_target: bool
     meaning: str
+    pose: bool = False
 
-
-def _ntk_base(cfg, factor: int) -> float:
-    dim = cfg.d_model // cfg.n_head
-    return cfg.rope_base * factor ** (dim / (dim - 2))
+    def adapt(self, cfg, factor: int):
+        """The config of the continued model: ``cfg`` with the recipe's RoPE schedule at ``factor`` (the
+        scaling dict eval-time extension uses, ``original_max_position_embeddings`` the training length)
+        and, for PoSE, its target length."""
+        scaling = None if self.method is None else extension_scaling(self.method, float(factor), cfg.max_len)
+        return replace(cfg, rope_scaling=scaling, pose_len=factor * cfg.max_len if self.pose else None)
 
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in (
-        Recipe(
-            "pi",
-            lambda cfg, f: replace(cfg, rope_scaling={"rope_type": "linear", "factor": float(f)}),
-            True,
-            "position interpolation, fine-tuned at the target length",
-        ),
-        Recipe(
-            "yarn",
-            lambda cfg, f: replace(
-                cfg,
-                rope_scaling={
-                    "rope_type": "yarn",
-                    "factor": float(f),
-                    "original_max_position_embeddings": cfg.max_len,
-                },
-            ),
-            True,
-            "YaRN, fine-tuned at the target length",
-        ),
-        Recipe(
-            "abf",
-            lambda cfg, f: replace(cfg, rope_base=_ntk_base(cfg, f)),
-            True,
-            "the base raised (NTK-aware), fine-tuned at the target length",
-        ),
+        Recipe("pi", "pi", True, "position interpolation, fine-tuned at the target length"),
+        Recipe("yarn", "yarn", True, "YaRN, fine-tuned at the target length"),
+        # the NTK-aware base (base x f^(d/(d-2))) is the base change; fine-tuned, it is ABF
+        Recipe("abf", "ntk", True, "the base raised (NTK-aware), fine-tuned at the target length"),
         Recipe(
             "pose",
-            lambda cfg, f: replace(
-                cfg, rope_scaling={"rope_type": "linear", "factor": float(f)}, pose_len=f * cfg.max_len
-            ),
+            "pi",
             False,
             "PoSE: trained at the training length with position ids skipping over the target length, PI",
+            pose=True,
         ),
-        Recipe(
-            "none", lambda cfg, f: cfg, False, "the control: trained on at the training length, unchanged"
-        ),
+        Recipe("none", None, False, "the control: trained on at the training length, unchanged"),
     )
 }
 

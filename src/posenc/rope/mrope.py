@@ -25,7 +25,7 @@ from torch import nn
 from .. import _checks
 from ..kernels import apply_rotary, apply_rotary_qk
 from .frequencies import resolve_schedule
-from .table import align_to, cos_sin_of
+from .table import align_to, call_context, cos_sin_of
 
 __all__ = ["MRotaryEmbedding", "mrope_axes", "mrope_decode_positions", "mrope_positions"]
 
@@ -147,9 +147,7 @@ class MRotaryEmbedding(nn.Module):
         length, then at ``context_len`` or 1 + the largest position on any axis (transformers' rule)."""
         if not self.schedule.length_dependent:
             return self.inv_freq64, self.attention_factor
-        if context_len is None:
-            context_len = int(positions.max()) + 1 if positions.numel() else 1
-        inv, attn = self.schedule.at(seq_len=context_len)
+        inv, attn = self.schedule.at(seq_len=call_context(positions) if context_len is None else context_len)
         return inv, float(attn)
 
     def _tables(self, x: torch.Tensor, positions, context_len=None):
@@ -186,10 +184,7 @@ class MRotaryEmbedding(nn.Module):
             )
         self._check("q", q, positions)
         if k_positions is not None:  # one schedule for both: a length-dependent one at the keys' length
-            context = None
-            if self.schedule.length_dependent:
-                keys = _positions3(k_positions)
-                context = int(keys.max()) + 1 if keys.numel() else 1
+            context = call_context(_positions3(k_positions)) if self.schedule.length_dependent else None
             return self.rotate(q, positions, context_len=context), self.rotate(
                 k, k_positions, context_len=context
             )

@@ -22,7 +22,7 @@ from .. import _checks
 from ..angles import angles
 from .frequencies import Schedule
 
-__all__ = ["CACHE_LIMIT", "CosSinTable", "align_to", "cos_sin_of"]
+__all__ = ["CACHE_LIMIT", "CosSinTable", "align_to", "call_context", "cos_sin_of"]
 
 CACHE_LIMIT = 1 << 16  # positions past this are computed per call instead of growing the cache
 
@@ -245,6 +245,12 @@ def _as_tensor(positions, device) -> torch.Tensor:
     if isinstance(positions, range):
         return torch.arange(positions.start, positions.stop, device=device)
     return positions
+
+
+def call_context(positions: torch.Tensor) -> int:
+    """1 + the largest position of a whole call, every sequence and every axis (1 for none): the length
+    transformers takes for a length-dependent schedule (``torch.max(position_ids) + 1``)."""
+    return int(positions.max()) + 1 if positions.numel() else 1
 
 
 def default_context(positions):
