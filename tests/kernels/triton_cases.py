@@ -137,7 +137,7 @@ def test_gradcheck_through_the_autograd_function(interleaved):
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_module_dispatches_to_triton_and_matches_eager_with_gradients(layout, monkeypatch):
-    monkeypatch.setattr("posenc.rope.embedding.SMALL_ELEMENTS", 0)  # CPU tensors under the interpreter
+    monkeypatch.setattr("posenc.kernels.dispatch.SMALL_ELEMENTS", 0)  # CPU tensors under the interpreter
     rope = RotaryEmbedding(8, rotary_dim=6, layout=layout)
     q = _randn(2, 2, 5, 8).to(DEV).requires_grad_()
     k = _randn(2, 1, 5, 8, seed=1).to(DEV).requires_grad_()
@@ -164,6 +164,6 @@ def test_q_and_k_with_different_head_counts_take_one_launch(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(rt, "rotary_qk_triton", counting)
-    monkeypatch.setattr("posenc.rope.embedding.SMALL_ELEMENTS", 0)
+    monkeypatch.setattr("posenc.kernels.dispatch.SMALL_ELEMENTS", 0)
     RotaryEmbedding(8)(_randn(1, 2, 3, 8).to(DEV), _randn(1, 1, 3, 8).to(DEV))
     assert len(launches) == 1

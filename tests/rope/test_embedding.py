@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import posenc
 from posenc import RotaryEmbedding
 from posenc import reference as R
-from posenc.rope import embedding
+from posenc.kernels import dispatch
 from posenc.rope.table import CACHE_LIMIT
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
@@ -142,12 +142,13 @@ def test_interleaved_and_half_agree_after_permutation():
 
 @contextlib.contextmanager
 def _no_small_path():
-    saved = embedding.SMALL_ELEMENTS
-    embedding.SMALL_ELEMENTS = 0
+    saved = dispatch.SMALL_ELEMENTS
+    dispatch.SMALL_ELEMENTS = 0
     try:
+        assert dispatch.choose_path((torch.zeros(1, 2),), "half", rows=True) is not dispatch.Path.SMALL
         yield
     finally:
-        embedding.SMALL_ELEMENTS = saved
+        dispatch.SMALL_ELEMENTS = saved
 
 
 @given(

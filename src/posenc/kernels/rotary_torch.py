@@ -1,18 +1,21 @@
 """Fused RoPE rotation in plain torch ops, for the CPU (and any device without Triton).
 
 RoPE (Su et al. 2021, arxiv.org/abs/2104.09864) rotates pair k of x at position p by theta = p * omega_k:
-(a, b) -> (a cos - b sin, a sin + b cos). Every path writes straight into a preallocated output and
-never allocates a temporary the size of x:
+(a, b) -> (a cos - b sin, a sin + b cos). The kernels below decide nothing: :func:`posenc.kernels.dispatch.
+choose_path` picks one per call. The three for tensors of any size write straight into a preallocated
+output and never allocate a temporary the size of x:
 
-* direct: interleaved pairs in float32/float64 are complex numbers already laid out in memory, so
-  ``view_as_complex(x) * (cos + i sin)`` is one vectorised, multi-threaded pass over x (read x once,
-  write out once: the memory-bandwidth floor). In place it is a single ``mul_``.
-* whole: out of place in float32/float64 otherwise (the "half" layout, odd strides): four whole-tensor ops,
-  a * cos and b * cos into out, then one fused multiply-add per pair member (about 2.5 passes over memory).
-* blocked: in place, and bfloat16/float16 (converted through a float32 scratch so that the arithmetic is
-  float32 with one rounding at the end): walk the sequence in blocks of ~512 Ki elements that stay in
-  cache, a handful of out=/in-place ops per block, so main memory sees about one read and one write.
+* :func:`rotate_complex`: interleaved pairs in float32/float64 are complex numbers already laid out in
+  memory, so ``view_as_complex(x) * (cos + i sin)`` is one vectorised, multi-threaded pass over x (read x
+  once, write out once: the memory-bandwidth floor). In place it is a single ``mul_``.
+* :func:`rotate_whole`: out of place in float32/float64 otherwise (the "half" layout, odd strides): four
+  whole-tensor ops, a * cos and b * cos into out, then one fused multiply-add per pair member (about 2.5
+  passes over memory).
+* :func:`rotate_blocked`: in place, and bfloat16/float16 (converted through a float32 scratch so that the
+  arithmetic is float32 with one rounding at the end): walk the sequence in blocks of ~512 Ki elements that
+  stay in cache, a handful of out=/in-place ops per block, so main memory sees about one read and one write.
 
+:func:`rotate_small` is the decode-sized path (one to three differentiable ops on memoised rows).
 Besides the output a call allocates only O(seq * rotary_dim) tables and one cache-sized scratch block.
 :func:`rotate_eager` is the readable version of the same rotation that every kernel is tested against.
 """
@@ -70,7 +73,7 @@ def rotate_small(x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str) -
         cos2, sin2 = rows
         out = torch.addcmul(work * cos2, work.roll(x.shape[-1] // 2, -1), sin2)
     else:
-        if not _complex_viewable(work):  # a strided last dimension: pairs are complex numbers only in a copy
+        if not complex_viewable(work):  # a strided last dimension: pairs are complex numbers only in a copy
             work = work.contiguous()
         out = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (-1, 2))) * rows[0]).flatten(-2)
     return out if out.dtype == x.dtype else out.to(x.dtype)
@@ -80,7 +83,7 @@ def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _complex_viewable(x: torch.Tensor) -> bool:
+def complex_viewable(x: torch.Tensor) -> bool:
     """True when the rotary slice of x can be reinterpreted as complex numbers without a copy."""
     if x.stride(-1) != 1 or x.storage_offset() % 2:
         return False
@@ -94,44 +97,26 @@ def _pairs(x: torch.Tensor, r: int, layout: str) -> tuple[torch.Tensor, torch.Te
     return x[..., : r // 2], x[..., r // 2 : r]
 
 
-def rotate_into(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    out: torch.Tensor,
-    layout: str = "interleaved",
-    conjugate: bool = False,
-) -> torch.Tensor:
-    """Write the rotation of x into out (which may be x itself, for an in-place rotation).
+def prepare(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, conjugate: bool):
+    """What every kernel below does first: copy the unrotated tail into ``out`` (when it is not x) and
+    return cos and sin in x's working dtype, sin negated for ``conjugate`` (a rotation by -theta: the
+    backward pass); None when there is nothing to rotate.
 
-    Args:
+    Every kernel ``kernel(x, cos, sin, out, layout)`` then takes:
         x: (..., seq, head_dim), any float dtype, any strides.
-        cos, sin: (..., seq, rotary_dim/2) float32 (float64 for float64 x), broadcastable against x's leading
-            dims.
-        out: tensor shaped like x, same dtype; out[..., rotary_dim:] gets x[..., rotary_dim:].
-        conjugate: rotate by -theta (the backward pass: the transpose of a rotation is its inverse).
-
-    Returns:
-        out.
+        cos, sin: (..., seq, rotary_dim/2), from here, broadcastable against x's leading dims.
+        out: shaped like x, same dtype, or x itself (in place).
     """
     h = cos.shape[-1]
-    r = 2 * h
-    if out is not x and r < x.shape[-1]:
-        out[..., r:].copy_(x[..., r:])
+    if out is not x and 2 * h < x.shape[-1]:
+        out[..., 2 * h :].copy_(x[..., 2 * h :])
     if x.numel() == 0 or h == 0:
-        return out
-    work = _work_dtype(x.dtype)
-    cos, sin = cos.to(work), sin.to(work)
-    if conjugate:
-        sin = -sin
-    if layout == "interleaved" and x.dtype == work and _complex_viewable(x) and _complex_viewable(out):
-        return _rotate_complex(x, cos, sin, out)
-    if x.dtype == work and out is not x:
-        return _rotate_whole(x, cos, sin, out, layout)
-    return _rotate_blocked(x, cos, sin, out, layout)
+        return None
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return cos.to(work), (-sin if conjugate else sin).to(work)
 
 
-def _rotate_complex(x, cos, sin, out):
+def rotate_complex(x, cos, sin, out, layout):
     """Interleaved float32/float64 pairs are complex numbers: one multiply by cos + i sin."""
     h = cos.shape[-1]
     r = 2 * h
@@ -144,7 +129,7 @@ def _rotate_complex(x, cos, sin, out):
     return out
 
 
-def _rotate_whole(x, cos, sin, out, layout):
+def rotate_whole(x, cos, sin, out, layout):
     """Out of place in float32/float64: a * cos and b * cos into out, then one fused multiply-add per member.
 
     About 2.5 passes over x instead of the blocked path's one, but four thread barriers instead of hundreds,
@@ -160,7 +145,7 @@ def _rotate_whole(x, cos, sin, out, layout):
     return out
 
 
-def _rotate_blocked(x, cos, sin, out, layout):
+def rotate_blocked(x, cos, sin, out, layout):
     """In place, or half precision: walk the sequence axis in blocks that stay in cache.
 
     float32/float64 compute straight into out (in place, one member of each pair is saved first);

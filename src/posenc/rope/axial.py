@@ -26,7 +26,6 @@ from torch import nn
 from .. import _checks
 from .._precision import KeepsPrecision
 from ..kernels import apply_rotary, apply_rotary_qk
-from ..kernels.rotary_torch import rotate_eager
 
 __all__ = ["AxialRotaryEmbedding", "axial_frequencies", "grid_positions"]
 
@@ -181,8 +180,6 @@ class AxialRotaryEmbedding(KeepsPrecision):
         """xs (one tensor, or q and k at the same positions) rotated by one table of ``positions``."""
         dtype = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
-        if self.mixed and torch.is_grad_enabled():  # gradients reach the learnable frequencies
-            return tuple(rotate_eager(x, cos, sin, self.layout) for x in xs)
         if cos.shape[0] == 1:
             cos, sin = cos[0], sin[0]
         if len(xs) == 2:

@@ -12,17 +12,13 @@ import torch
 from torch import nn
 
 from .. import _checks
-from ..kernels import apply_rotary, apply_rotary_qk, check_inplace, rotate_small
+from ..kernels import Path, apply_rotary, choose_path, run
 from .cache_hooks import CacheHooks
 from .checks import check_pair, check_x, key_positions, seq_and_positions
 from .frequencies import resolve_schedule
 from .table import CosSinTable, default_context
 
 __all__ = ["RotaryEmbedding"]
-
-# At or below this many elements in q and k together, a call takes the three-op paired path: there the
-# time is per-op overhead, not memory traffic (crossover measured in docs/fast-paths.md).
-SMALL_ELEMENTS = 1 << 20
 
 
 class RotaryEmbedding(CacheHooks, nn.Module):
@@ -157,47 +153,33 @@ class RotaryEmbedding(CacheHooks, nn.Module):
         1 + the last key position, so q and k always share one schedule.
         """
         check_pair(self, q, k, inplace)
-        if positions is None and k_positions is None and _small(self, q, k, context_len, factor):
-            if inplace:
-                check_inplace((("q", q), ("k", k)))
-            q_rot, k_rot = _rotate_small(self, q, k, offset)
-            # in place, a decode-sized tensor is cheapest rotated out of place and copied back (the blocked
-            # in-place walk costs more in per-op overhead than a copy of a few KiB)
-            return (q.copy_(q_rot), k.copy_(k_rot)) if inplace else (q_rot, k_rot)
+        rows = self._small_ok and positions is k_positions is context_len is factor is None
+        # the default call's tables are (seq, r/2) rows of consecutive positions: the path can be chosen
+        # before they are looked up, so a decode step takes its memoised rows instead
+        path = choose_path((q, k), self.layout, rows=True, inplace=inplace) if rows else None
+        if path is Path.SMALL:
+            small = _small_rows(self, q, k, offset)
+            return run(path, (q, k), None, None, self.layout, inplace=inplace, rows=small)
         q_len, k_len = q.shape[-2], k.shape[-2]
         positions, k_positions, context_len = _placement(
             self, q_len, k_len, positions, k_positions, offset, context_len
         )
         if k_positions is positions and q_len == k_len:  # one table serves both
             cos, sin = self.table.for_tensor(q, positions, offset, context_len, factor)
-            return apply_rotary_qk(q, k, cos, sin, layout=self.layout, inplace=inplace)
+            path = path or choose_path((q, k), self.layout, cos=cos, inplace=inplace)
+            return run(path, (q, k), cos, sin, self.layout, inplace=inplace)
         q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
-        cos_q, sin_q = self.table.for_tensor(q, positions, q_offset, context_len, factor)
-        cos_k, sin_k = self.table.for_tensor(k, k_positions, offset, context_len, factor)
-        return (
-            apply_rotary(q, cos_q, sin_q, layout=self.layout, inplace=inplace),
-            apply_rotary(k, cos_k, sin_k, layout=self.layout, inplace=inplace),
-        )
+        outs = []
+        for name, x, at, start in (("q", q, positions, q_offset), ("k", k, k_positions, offset)):
+            cos, sin = self.table.for_tensor(x, at, start, context_len, factor)
+            chosen = path or choose_path((x,), self.layout, cos=cos, inplace=inplace)
+            outs.append(run(chosen, (x,), cos, sin, self.layout, inplace=inplace, names=(name,))[0])
+        return tuple(outs)
 
     def extra_repr(self) -> str:
         s = f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base:g}, "
         s += f"layout={self.layout!r}"
         return s + (f", scaling={self._scaling!r}" if self._scaling else "")
-
-
-def _small(rope: RotaryEmbedding, q, k, context_len, factor) -> bool:
-    """Whether a call can take the small-tensor path: few elements on the CPU, fully rotated, the default
-    schedule, float32 or half precision. (On a GPU one Triton launch beats three torch ops.)"""
-    return (
-        rope._small_ok
-        and q.numel() + k.numel() <= SMALL_ELEMENTS
-        and context_len is None
-        and factor is None
-        and q.dtype == k.dtype
-        and q.dtype != torch.float64
-        and q.device.type == "cpu"
-        and not _checks.tracing()
-    )
 
 
 def _placement(
@@ -224,12 +206,12 @@ def _placement(
     return positions, k_positions, context_len
 
 
-def _rotate_small(rope: RotaryEmbedding, q, k, offset: int):
+def _small_rows(rope: RotaryEmbedding, q, k, offset: int):
+    """The memoised decode rows of q (the last q_len of the key positions) and of k (offset..)."""
     _checks.non_negative_int("offset", offset)
     q_len, k_len = q.shape[-2], k.shape[-2]
     q_start = offset + max(k_len - q_len, 0)
     rows_q = rope.table.small_rows(q_start, q_start + q_len, q.device, rope.layout)
-    rows_k = (
-        rows_q if q_len == k_len else rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
-    )
-    return rotate_small(q, rows_q, rope.layout), rotate_small(k, rows_k, rope.layout)
+    if q_len == k_len:
+        return rows_q, rows_q
+    return rows_q, rope.table.small_rows(offset, offset + k_len, k.device, rope.layout)
