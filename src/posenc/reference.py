@@ -37,6 +37,7 @@ __all__ = [
     "remapped_attention",
     "fope_frequencies",
     "fope",
+    "ssmax_attention",
 ]
 
 
@@ -650,3 +651,14 @@ def fope(
                 out[idx + (t, second[m])] = a * s + b * c
     return out
 
+
+def ssmax_attention(q, k, v, s, scale: float | None = None) -> np.ndarray:
+    """Causal attention with scalable softmax (SSMax; Nakanishi 2025, arxiv.org/abs/2501.19399): the scores
+    of a query that sees n keys are multiplied by s_h * log(n), s (heads,) one scalar per head, so a row's
+    softmax does not flatten as n grows. q: (..., heads, Lq, d); k: (..., heads, Lk, d); v: (..., heads, Lk,
+    dv). The queries are the last Lq of the Lk positions, so query i sees n = Lk - Lq + i + 1 keys."""
+    q, k, v = (_array(t) for t in (q, k, v))
+    lq, lk = q.shape[-2], k.shape[-2]
+    n = np.arange(lk - lq + 1, lk + 1, dtype=np.float64)
+    factor = _array(s)[:, None] * np.log(n)[None, :]  # (heads, Lq)
+    return attention(q * factor[..., None], k, v, causal=True, scale=scale)
