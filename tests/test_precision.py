@@ -14,6 +14,7 @@ MODULES = {
     "FireBias": lambda: posenc.FireBias(4, train_len=64),
     "AxialRotaryEmbedding": lambda: posenc.AxialRotaryEmbedding(32),
     "RotaryEmbedding": lambda: posenc.RotaryEmbedding(32),
+    "FoPE": lambda: posenc.FoPE(32, 2, train_len=64),
 }
 
 

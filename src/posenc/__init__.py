@@ -25,6 +25,7 @@ from .bias import (
 from .remap import STRING, DualChunk, ReRoPE, SelfExtend
 from .rope import (
     AxialRotaryEmbedding,
+    FoPE,
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryKVCache,
@@ -55,6 +56,7 @@ __all__ = [
     "ContentBias",
     "DualChunk",
     "FireBias",
+    "FoPE",
     "KerpleBias",
     "LearnedEmbedding",
     "MRotaryEmbedding",

@@ -35,6 +35,9 @@ __all__ = [
     "string_distance",
     "dual_chunk_distance",
     "remapped_attention",
+    "fope_frequencies",
+    "fope",
+    "ssmax_attention",
 ]
 
 
@@ -594,3 +597,68 @@ def remapped_attention(
         return softmax(scores) @ v
     column = np.broadcast_to(_array(sinks)[:, None, None], (*scores.shape[:-1], 1))
     return softmax(np.concatenate([scores, column], axis=-1))[..., :-1] @ v
+
+
+def fope_frequencies(head_dim: int, base: float, train_len: int, fourier_dim: int | None = None):
+    """FoPE's frequencies (Hua et al. 2024, arxiv.org/abs/2412.17739, section 4): the floor is
+    omega_l = 2 pi / train_len; returns (the input frequencies omega_j = base^(-2j/fourier_dim) at or above
+    it, (D,); a boolean (head_dim/2,): which pairs' own frequency base^(-2m/head_dim) is at or above it, the
+    pairs that carry a Fourier series, the others clipped to the zero frequency)."""
+    fourier_dim = head_dim if fourier_dim is None else fourier_dim
+    floor = 2 * math.pi / train_len
+    inputs = [base ** (-2.0 * j / fourier_dim) for j in range(fourier_dim // 2)]
+    own = [base ** (-2.0 * m / head_dim) for m in range(head_dim // 2)]
+    return np.array([w for w in inputs if w >= floor]), np.array([w >= floor for w in own])
+
+
+def fope(
+    x,
+    positions,
+    cos_coef,
+    sin_coef,
+    train_len: int,
+    base: float = 10000.0,
+    fourier_dim: int | None = None,
+    layout: str = "interleaved",
+) -> np.ndarray:
+    """Fourier Position Embedding (Hua et al. 2024, eqs. 11-13 and appendix B's pseudo-code), one term at a
+    time. x: (..., heads, seq, d); positions: (seq,) or (batch, seq) (applied to x's leading axis);
+    cos_coef, sin_coef: (heads, D, M') for the D input frequencies and the M' pairs that carry a series
+    (:func:`fope_frequencies`).
+
+    Pair m of head h at position p: a pair below the floor is left as it is (the zero frequency); any
+    other, (a, b) -> (a C - b S, a S + b C) with
+    C = sum_j cos_coef[h, j, m] cos(omega_j p) / sum_j cos_coef[h, j, m] and S the same with sin_coef, sin.
+    """
+    x = _array(x)
+    out = x.copy()
+    d = x.shape[-1]
+    omega, series = fope_frequencies(d, base, train_len, fourier_dim)
+    cc, sc = _array(cos_coef), _array(sin_coef)
+    pos = _array(positions)
+    if pos.ndim == 1:
+        pos = np.broadcast_to(pos, x.shape[:1] + pos.shape)
+    first, second = _pair_indices(d, layout)
+    for idx in np.ndindex(*x.shape[:-2]):
+        h = idx[-1]
+        for t in range(x.shape[-2]):
+            p = pos[idx[0], t]
+            for m in np.flatnonzero(series):
+                c = sum(cc[h, j, m] * math.cos(w * p) for j, w in enumerate(omega)) / cc[h, :, m].sum()
+                s = sum(sc[h, j, m] * math.sin(w * p) for j, w in enumerate(omega)) / sc[h, :, m].sum()
+                a, b = x[idx + (t, first[m])], x[idx + (t, second[m])]
+                out[idx + (t, first[m])] = a * c - b * s
+                out[idx + (t, second[m])] = a * s + b * c
+    return out
+
+
+def ssmax_attention(q, k, v, s, scale: float | None = None) -> np.ndarray:
+    """Causal attention with scalable softmax (SSMax; Nakanishi 2025, arxiv.org/abs/2501.19399): the scores
+    of a query that sees n keys are multiplied by s_h * log(n), s (heads,) one scalar per head, so a row's
+    softmax does not flatten as n grows. q: (..., heads, Lq, d); k: (..., heads, Lk, d); v: (..., heads, Lk,
+    dv). The queries are the last Lq of the Lk positions, so query i sees n = Lk - Lq + i + 1 keys."""
+    q, k, v = (_array(t) for t in (q, k, v))
+    lq, lk = q.shape[-2], k.shape[-2]
+    n = np.arange(lk - lq + 1, lk + 1, dtype=np.float64)
+    factor = _array(s)[:, None] * np.log(n)[None, :]  # (heads, Lq)
+    return attention(q * factor[..., None], k, v, causal=True, scale=scale)

@@ -1,4 +1,4 @@
-"""The rotary protocol: RoPE, xPos, M-RoPE and axial RoPE offer forward / rotate / cos_sin alike, and
+"""The rotary protocol: RoPE, xPos, M-RoPE, axial RoPE and FoPE offer forward / rotate / cos_sin alike, and
 posenc.attention(rotary=...) takes any of them (or anything else implementing it) through one path."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import posenc
 from posenc import (
     ALiBi,
     AxialRotaryEmbedding,
+    FoPE,
     MRotaryEmbedding,
     RotaryEmbedding,
     RotaryProtocol,
@@ -34,6 +35,7 @@ def _modules():
         MRotaryEmbedding(8, (2, 1, 1)),
         AxialRotaryEmbedding(8),
         AxialRotaryEmbedding(8, mixed=True, num_heads=2),
+        FoPE(8, 2, train_len=64),
     ]
 
 

@@ -17,7 +17,41 @@ import posenc
 from posenc.bias.base import ScoreBias
 from posenc.lab.errors import LabError
 
-__all__ = ["Encoding"]
+__all__ = ["Encoding", "QueryScale"]
+
+
+@dataclass(frozen=True)
+class QueryScale:
+    """A per-row query scale: the query of a row that sees n keys is multiplied by s_h * length(n), s a
+    scalar per head and layer, before :func:`posenc.attention` (so before any rotary: a scalar per row
+    commutes with a rotation). With ``length = log`` this is scalable softmax (SSMax; Nakanishi 2025,
+    arxiv.org/abs/2501.19399): softmax(s log(n) z) keeps a row as sharp at n keys as at a few, where a
+    plain softmax flattens as n grows.
+
+    length: ``fn(n) -> factor``, n a float32 tensor of key counts (q_len,); log for SSMax.
+    init: s at the start of training, for every head and layer.
+    learned: s is a parameter of the model, one (heads,) per layer; False: the constant ``init``.
+    """
+
+    length: Callable[[torch.Tensor], torch.Tensor] = torch.log
+    init: float = 1.0
+    learned: bool = True
+
+    def __post_init__(self):
+        if not callable(self.length):
+            raise LabError(f"QueryScale length={self.length!r} must be a function of the key counts n")
+        if (
+            isinstance(self.init, bool)
+            or not isinstance(self.init, (int, float))
+            or not math.isfinite(self.init)
+        ):
+            raise LabError(f"QueryScale init={self.init!r} must be a finite number (s at the start)")
+
+    def factor(self, s, keys_seen: torch.Tensor) -> torch.Tensor:
+        """(heads, q_len) factors for queries that see ``keys_seen`` (q_len,) keys; ``s`` (heads,) or a
+        number."""
+        s = torch.as_tensor(s, dtype=torch.float32, device=keys_seen.device).reshape(-1, 1)
+        return s * self.length(keys_seen.to(torch.float32))[None, :]
 
 
 @dataclass(frozen=True)
@@ -39,6 +73,8 @@ class Encoding:
     sinks: a learned logit per head in every layer, one more entry of every softmax row with no value
         (attention sinks: Xiao et al. 2023, arxiv.org/abs/2309.17453, as GPT-OSS learns them), started
         at 0; the model holds them, one (heads,) parameter per layer.
+    query_scale: a :class:`QueryScale`: every query multiplied by s_h * length(n), n the keys its row sees
+        (SSMax); the model holds s, one (heads,) parameter per layer when learned. None: unscaled.
     window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
         of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
     score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
@@ -54,6 +90,7 @@ class Encoding:
     random_positions: int | None = None
     train_positions: Callable | None = None
     sinks: bool = False
+    query_scale: QueryScale | None = None
     window: int | None = None
     score_scale: float = 1.0
 
@@ -74,6 +111,13 @@ class Encoding:
         if self.score_scale != 1.0:
             out["scale"] = self.score_scale / math.sqrt(head_dim)
         return out
+
+    def keys_seen(self, q_len: int, k_len: int, device) -> torch.Tensor:
+        """(q_len,) how many keys each query sees: the queries are the last q_len of k_len positions, so
+        k_len - q_len + 1 .. k_len under the causal mask, fewer under a window."""
+        if self.window is not None:
+            return posenc.blockwise_causal_mask(q_len, k_len, self.window, device=device).sum(-1)
+        return torch.arange(k_len - q_len + 1, k_len + 1, device=device)
 
 
 def _windowed(bias, mask: torch.Tensor):

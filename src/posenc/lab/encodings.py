@@ -12,7 +12,8 @@ A researcher's own scheme needs no edit here: ``--schemes package.module:functio
 ``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`).
 
 An :class:`~posenc.lab.encoding.Encoding` is everything the model reads about positions: an input
-encoding, a rotary, a score bias (shared or one per layer), randomized positions, and two modifiers that
+encoding, a rotary, a score bias (shared or one per layer), randomized positions, attention sinks, a query
+scale per row (SSMax's s log n, :class:`~posenc.lab.encoding.QueryScale`), and two modifiers that
 extensions set and that combine with the rest: an attention window (blockwise causal attention) and a
 score scale. :func:`eval_extension` applies one of a scheme's extensions to a model for a block.
 
@@ -25,15 +26,18 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import torch
+
 import posenc
 from posenc.lab.checks import check_choice
-from posenc.lab.encoding import Encoding
+from posenc.lab.encoding import Encoding, QueryScale
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 from posenc.lab.recipes import RECIPES, pose_positions
@@ -205,6 +209,32 @@ def _rope_sinks(cfg: GPTConfig) -> Encoding:
     # RoPE with a learned attention sink per head and layer (Xiao et al. 2023; GPT-OSS's form): each softmax
     # row can put weight on "nothing", so no token has to serve as the sink
     return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base), sinks=True)
+
+
+@register_encoding("rope-ssmax", pairs="head_dim")
+def _rope_ssmax(cfg: GPTConfig) -> Encoding:
+    """RoPE with scalable softmax (SSMax; Nakanishi 2025, arxiv.org/abs/2501.19399), as the paper tests it:
+    the query of a row that sees n keys times s_h log(n), s learned per head and layer.
+
+    s starts at 1 / log(L), L the training length: a row that sees L keys then attends exactly as plain
+    softmax, so training starts from RoPE at the length it trains at, shorter rows a little cooler; past L
+    the scale keeps growing as log(n) / log(L), the log-length sharpening SSMax is for, which training can
+    steepen or flatten per head.
+    """
+    if cfg.max_len < 2:
+        raise LabError(
+            f"encoding='rope-ssmax' needs max_len >= 2 (s starts at 1 / log(max_len)), got {cfg.max_len}"
+        )
+    scale = QueryScale(length=torch.log, init=1.0 / math.log(cfg.max_len))
+    return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base), query_scale=scale)
+
+
+@register_encoding("fope", pairs="head_dim")
+def _fope(cfg: GPTConfig) -> Encoding:
+    # Hua et al. 2024 (posenc.FoPE): a Fourier series per pair and head, fixed coefficients drawn with the
+    # paper's sigma = 0.3 (its 60M model's), the frequencies that do not complete a period in the training
+    # length clipped to zero
+    return Encoding(rotary=posenc.FoPE(cfg.head_dim, cfg.n_head, train_len=cfg.max_len, base=cfg.rope_base))
 
 
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick

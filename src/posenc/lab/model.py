@@ -82,10 +82,14 @@ class Block(nn.Module):
         self, x: torch.Tensor, attend: dict, cache: KVCache | None = None, layer: int = 0
     ) -> torch.Tensor:
         """``x`` (B, T, D) -> (B, T, D). ``attend``: the keyword arguments of :func:`posenc.attention` that
-        carry the positional scheme (rotary, bias, positions, scale). When decoding, ``cache`` holds every
-        layer's past; this is ``layer``."""
+        carry the positional scheme (rotary, bias, positions, scale), and optionally ``query_scale``
+        (H, T), which multiplies the queries first (SSMax). When decoding, ``cache`` holds every layer's
+        past; this is ``layer``."""
         B, T, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        if "query_scale" in attend:
+            attend = dict(attend)
+            q = q * attend.pop("query_scale")[..., None].to(q.dtype)
         if cache is not None:
             k, v = cache.append(layer, k, v)
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
@@ -110,8 +114,10 @@ class GPT(nn.Module):
     config's scheme; the model names no scheme and no extension. The encoding's modules are children
     (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so ``.to(device)`` and ``state_dict`` see
     them (a learned table, a bias's parameters); ``rotary``, ``score_bias`` and ``layer_biases`` may be
-    None. An eval-time extension (:func:`posenc.lab.encodings.eval_extension`) swaps in a changed encoding
-    with :meth:`use_encoding` and puts the trained one back.
+    None. Per-layer parameters of the encoding's modifiers are the model's own: ``sinks`` (attention sinks)
+    and ``query_scales`` (SSMax's s), each one (H,) per layer or None. An eval-time extension
+    (:func:`posenc.lab.encodings.eval_extension`) swaps in a changed encoding with :meth:`use_encoding` and
+    puts the trained one back.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -125,6 +131,7 @@ class GPT(nn.Module):
         if enc.layer_bias is not None:
             self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
         self.sinks = _sinks(cfg) if enc.sinks else None
+        self.query_scales = _query_scales(cfg, enc.query_scale)
         self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -261,11 +268,22 @@ def _sinks(cfg: GPTConfig) -> nn.ParameterList:
     return nn.ParameterList(nn.Parameter(torch.zeros(cfg.n_head)) for _ in range(cfg.n_layer))
 
 
+def _query_scales(cfg: GPTConfig, query_scale) -> nn.ParameterList | None:
+    """A learned query-scale s per head for every layer, started at ``query_scale.init`` (SSMax), or None."""
+    if query_scale is None or not query_scale.learned:
+        return None
+    return nn.ParameterList(
+        nn.Parameter(torch.full((cfg.n_head,), float(query_scale.init))) for _ in range(cfg.n_layer)
+    )
+
+
 def _per_layer(model: GPT, q_len: int, offset: int, positions, device):
     """The keyword arguments of :func:`posenc.attention` for each layer in turn, from the model's encoding:
     its rotary, its bias (shared, or the layer's own) under its window, its score scale, the layer's sink
-    logits, and the positions of this call when they are not the ordinary ones."""
+    logits, the positions of this call when they are not the ordinary ones; and the layer's query scale
+    (H, q_len) for the block to apply, which counts every key a query sees, the cached ones included."""
     enc = model.encoding
+    keys_seen = None if enc.query_scale is None else enc.keys_seen(q_len, offset + q_len, device)
 
     def attend(bias, layer: int) -> dict:
         out = enc.attend(bias, q_len, offset + q_len, model.cfg.head_dim, device)
@@ -273,9 +291,13 @@ def _per_layer(model: GPT, q_len: int, offset: int, positions, device):
             out["positions"] = positions
         if model.sinks is not None:
             out["sinks"] = model.sinks[layer]
+        if keys_seen is not None:
+            s = enc.query_scale.init if model.query_scales is None else model.query_scales[layer]
+            out["query_scale"] = enc.query_scale.factor(s, keys_seen)
         return out
 
-    shared = attend(enc.bias, 0) if model.layer_biases is None and model.sinks is None else None
+    per_layer = model.layer_biases is not None or model.sinks is not None or model.query_scales is not None
+    shared = None if per_layer else attend(enc.bias, 0)
     for i in range(len(model.blocks)):
         yield (
             shared

@@ -12,12 +12,14 @@
 - :mod:`.packing`: each token's position in its own document, for packed sequences;
 - :mod:`.mrope`: multimodal RoPE (Qwen2-VL, Qwen3-VL) and its (time, height, width) positions;
 - :mod:`.axial`: RoPE on image and video grids, axial or RoPE-Mixed;
-- :mod:`.xpos`: xPos (RoPE with a per-pair decay) and the blockwise causal mask.
+- :mod:`.xpos`: xPos (RoPE with a per-pair decay) and the blockwise causal mask;
+- :mod:`.fope`: FoPE (Fourier series per pair, frequencies below the training length's floor clipped).
 """
 
 from .axial import AxialRotaryEmbedding
 from .cache import RotaryKVCache, rerotate_keys
 from .embedding import RotaryEmbedding
+from .fope import FoPE
 from .frequencies import rope_frequencies
 from .layout import convert_layout
 from .mrope import MRotaryEmbedding, mrope_positions
@@ -28,6 +30,7 @@ from .xpos import XPos, blockwise_causal_mask
 
 __all__ = [
     "AxialRotaryEmbedding",
+    "FoPE",
     "MRotaryEmbedding",
     "RotaryEmbedding",
     "RotaryKVCache",

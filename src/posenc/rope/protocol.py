@@ -2,14 +2,16 @@
 
 A rotary embedding turns pair k of a query or key at position p by an angle theta_k(p), so that q . k
 depends on the positions only through their difference (RoPE, Su et al. 2021, arxiv.org/abs/2104.09864).
-posenc has four, each of which implements :class:`RotaryProtocol`:
+posenc has five, each of which implements :class:`RotaryProtocol`:
 
 * :class:`~.embedding.RotaryEmbedding` (RoPE and every context-extension schedule): 1-D positions;
 * :class:`~.xpos.XPos` (Sun et al. 2022, arxiv.org/abs/2212.10554): RoPE times a per-pair decay, queries
   scaled by zeta^(n/B) and keys by zeta^(-n/B);
 * :class:`~.mrope.MRotaryEmbedding` (M-RoPE, Wang et al. 2024, arxiv.org/abs/2409.12191): (time, height,
   width) positions;
-* :class:`~.axial.AxialRotaryEmbedding` (Heo et al. 2024, arxiv.org/abs/2403.13298): grid coordinates.
+* :class:`~.axial.AxialRotaryEmbedding` (Heo et al. 2024, arxiv.org/abs/2403.13298): grid coordinates;
+* :class:`~.fope.FoPE` (Hua et al. 2024, arxiv.org/abs/2412.17739): a Fourier series per pair, per head, the
+  frequencies below the training length's floor clipped to zero (a scaled rotation, not a pure one).
 
 Anything else with these methods (and callable, as an ``nn.Module`` is: calling it runs ``forward``)
 passes ``isinstance(obj, RotaryProtocol)`` and works with ``posenc.attention(rotary=obj)``.
