@@ -15,12 +15,14 @@ from .bias import (
     ContentBias,
     CoPE,
     FireBias,
+    ForgetGate,
     KerpleBias,
     SandwichBias,
     ScoreBias,
     ShawRelative,
     T5Bias,
     alibi_slopes,
+    forgetting_attention,
 )
 from .remap import STRING, DualChunk, ReRoPE, SelfExtend
 from .rope import (
@@ -55,6 +57,7 @@ __all__ = [
     "ContentBias",
     "DualChunk",
     "FireBias",
+    "ForgetGate",
     "KerpleBias",
     "LearnedEmbedding",
     "MRotaryEmbedding",
@@ -73,6 +76,7 @@ __all__ = [
     "alibi_slopes",
     "attention",
     "blockwise_causal_mask",
+    "forgetting_attention",
     "reference",
     "rope_frequencies",
     "convert_layout",
