@@ -27,7 +27,7 @@ def test_settings_validation():
     [
         (
             {"encoding": "nope"},
-            "encoding='nope' is not known; allowed: alibi, cope, fire, kerple, learned, none, rope, "
+            "encoding='nope' is not known; allowed: alibi, cope, fire, fox, kerple, learned, none, rope, "
             "rope-random, rope-sinks, sandwich, shaw, sinusoidal, sinusoidal-random, t5, xpos, or your own "
             "as 'package.module:function'",
         ),

@@ -33,7 +33,7 @@ from typing import Protocol
 
 import posenc
 from posenc.lab.checks import check_choice
-from posenc.lab.encoding import Encoding
+from posenc.lab.encoding import Encoding, KeyTerm
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 from posenc.lab.recipes import RECIPES, pose_positions
@@ -205,6 +205,13 @@ def _rope_sinks(cfg: GPTConfig) -> Encoding:
     # RoPE with a learned attention sink per head and layer (Xiao et al. 2023; GPT-OSS's form): each softmax
     # row can put weight on "nothing", so no token has to serve as the sink
     return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base), sinks=True)
+
+
+@register_encoding("fox")
+def _fox(cfg: GPTConfig) -> Encoding:
+    # Lin et al. 2025, plain FoX: NoPE and a forget gate per head from each layer's normalised hidden state,
+    # the decay bias sum of log f between key and query; the cache keeps the cached keys' log-gates
+    return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head), "log_forget"))
 
 
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick
