@@ -45,7 +45,7 @@ __all__ = ["ForgetGate", "forgetting_attention"]
 
 # Temporaries per score of a block (scores, the float64 bias counts twice, the masked sum, softmax, and
 # the backward's gradients of each), which sizes the blocks (query_blocked.default_block).
-_WIDTH = 8
+_WIDTH = 12
 
 
 class ForgetGate(nn.Module):
