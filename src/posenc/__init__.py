@@ -15,12 +15,14 @@ from .bias import (
     ContentBias,
     CoPE,
     FireBias,
+    ForgetGate,
     KerpleBias,
     SandwichBias,
     ScoreBias,
     ShawRelative,
     T5Bias,
     alibi_slopes,
+    forgetting_attention,
 )
 from .remap import STRING, DualChunk, ReRoPE, SelfExtend
 from .rope import (
@@ -57,6 +59,7 @@ __all__ = [
     "DualChunk",
     "FireBias",
     "FoPE",
+    "ForgetGate",
     "KerpleBias",
     "LearnedEmbedding",
     "MRotaryEmbedding",
@@ -75,6 +78,7 @@ __all__ = [
     "alibi_slopes",
     "attention",
     "blockwise_causal_mask",
+    "forgetting_attention",
     "reference",
     "rope_frequencies",
     "convert_layout",

@@ -21,7 +21,10 @@ M-RoPE; axial RoPE), then attends:
 With ``remap=`` (:mod:`posenc.remap`: SelfExtend, ReRoPE, STRING), causal RoPE attention at remapped
 distances: q and k are rotated once per view of the remap and attended block by block of queries. With
 ``sinks=`` (a learned logit per head), every softmax row has one more entry with no value; it runs on the
-same kernels.
+same kernels. With ``log_forget=`` (per-token log forget gates, a :class:`~posenc.bias.forget.ForgetGate`'s
+output), Forgetting Attention (FoX, Lin et al. 2025, arxiv.org/abs/2503.02130): the causal decay bias
+sum_{l=j+1..i} log f_l on blocks of queries (:func:`~posenc.bias.forget.forgetting_attention`), after
+``rotary`` if one is given.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch.nn.functional as F
 from . import _checks
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
+from .bias.forget import forgetting_attention
 from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
 from .rope import RotaryEmbedding
@@ -249,6 +253,24 @@ def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_position
     return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale, sinks=sinks)
 
 
+def _forgetting(q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, log_forget, others):
+    """FoX's decay bias from the call's log forget gates, after any rotary; refused with what it replaces."""
+    if not causal:
+        raise ValueError(
+            "log_forget= works with causal attention only (the decay runs from a key to later queries)"
+        )
+    if bias is not None:
+        raise ValueError(
+            f"log_forget= is the decay bias; it takes no other bias (got {type(bias).__name__}): pass one or "
+            "the other"
+        )
+    given = [name for name, value in others.items() if value is not None]
+    if given:
+        raise ValueError(f"log_forget= cannot be combined with {', '.join(given)}=")
+    q, k = _rotate(rotary, q, k, positions, k_positions, offset)
+    return forgetting_attention(q, k, v, log_forget, scale=scale)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -263,6 +285,7 @@ def attention(
     scale: float | None = None,
     remap: Remap | None = None,
     sinks: torch.Tensor | None = None,
+    log_forget: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
 
@@ -293,11 +316,21 @@ def attention(
         sinks: (heads,) learned logits, one more entry of every softmax row per head with no value
             (attention sinks, as in GPT-OSS and flash-attention's ``learnable_sink``); causal, without a
             bias, with or without ``rotary``/``remap``; gradients flow to them.
+        log_forget: (batch, heads, k_len) log forget gates of every key position, <= 0 (FoX: a
+            :class:`~posenc.bias.forget.ForgetGate` of the layer's hidden state): query i and key j <= i get
+            the bias sum_{l=j+1..i} log f_l; causal, without ``bias``, ``remap`` or ``sinks``, with or
+            without ``rotary``; gradients flow to the gates. With a KV cache, pass the gates of the cached
+            keys followed by the new ones.
 
     Returns:
         (batch, heads, q_len, v_dim).
     """
     _check_qkv(q, k, v, causal)
+    if log_forget is not None:
+        others = {"remap": remap, "sinks": sinks}
+        return _forgetting(
+            q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, log_forget, others
+        )
     if remap is not None or sinks is not None:
         return _remap_attention(
             q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks

@@ -30,6 +30,7 @@ __all__ = [
     "blockwise_causal_mask",
     "shaw_attention",
     "cope_attention",
+    "forgetting_attention",
     "selfextend_distance",
     "rerope_distance",
     "string_distance",
@@ -502,6 +503,27 @@ def cope_attention(q, k, v, pos_emb, scale: float | None = None) -> np.ndarray:
             s[..., j] = z[..., j] + w * e_hi + (1 - w) * e_lo
         out[..., a, :] = np.einsum("...j,...jd->...d", softmax(s), v)
     return out
+
+
+def forgetting_attention(q, k, v, log_forget, scale: float | None = None) -> np.ndarray:
+    """Forgetting Attention, the attention of FoX (Lin, Nikishin, He & Courville 2025,
+    arxiv.org/abs/2503.02130, sec. 2): causal softmax attention whose score of query i and key j <= i gets
+    the decay D_ij = sum_{l=j+1..i} log f_l (so D_ii = 0):
+
+    out_i = sum_j softmax_j(q_i . k_j * scale + D_ij) v_j.
+
+    q (..., Lq, d), k (..., Lk, d), v (..., Lk, dv), log_forget (..., Lk): log f_t of every key position,
+    the leading axes q's; queries are the last Lq positions. Returns (..., Lq, dv).
+    """
+    q, k, v, log_f = (_array(t) for t in (q, k, v, log_forget))
+    lq, lk = q.shape[-2], k.shape[-2]
+    decay = np.full((*log_f.shape[:-1], lq, lk), -np.inf)
+    for a in range(lq):
+        i = lk - lq + a
+        # entry j of the reversed running sum of log f_i, log f_(i-1), ..., log f_1 is sum_{l=j+1..i}
+        decay[..., a, :i] = np.cumsum(log_f[..., i:0:-1], axis=-1)[..., ::-1]
+        decay[..., a, i] = 0.0
+    return attention(q, k, v, bias=decay, causal=True, scale=scale)
 
 
 def packed_positions(lengths) -> np.ndarray:

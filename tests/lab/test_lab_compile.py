@@ -32,7 +32,7 @@ def _model(encoding):
     return GPTConfig(encoding=encoding, n_layer=1, n_head=2, d_model=16, max_len=16)
 
 
-@pytest.mark.parametrize("encoding", ["rope", "alibi", "none", "sinusoidal", "learned"])
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "none", "sinusoidal", "learned", "fox"])
 def test_compiled_training_gives_the_losses_of_eager(encoding, corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(lab_train, "_LOG_EVERY", 1)  # a loss for every step, not every tenth
     counters.clear()  # dynamo's counters are per process: count this test's compilation only

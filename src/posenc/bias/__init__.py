@@ -5,6 +5,7 @@ from .base import ScoreBias
 from .content import ContentBias
 from .cope import CoPE
 from .fire import FireBias
+from .forget import ForgetGate, forgetting_attention
 from .kerple import KerpleBias
 from .sandwich import SandwichBias
 from .shaw import ShawRelative
@@ -15,11 +16,13 @@ __all__ = [
     "CoPE",
     "ContentBias",
     "FireBias",
+    "ForgetGate",
     "KerpleBias",
     "SandwichBias",
     "ScoreBias",
     "ShawRelative",
     "T5Bias",
     "alibi_slopes",
+    "forgetting_attention",
     "t5_relative_bucket",
 ]

@@ -17,7 +17,7 @@ import posenc
 from posenc.bias.base import ScoreBias
 from posenc.lab.errors import LabError
 
-__all__ = ["Encoding", "QueryScale"]
+__all__ = ["Encoding", "KeyTerm", "QueryScale"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,15 @@ class Encoding:
     window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
         of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
     score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
+    hidden_terms: position terms computed from the hidden state (FoX's forget gates, Lin et al. 2025,
+        arxiv.org/abs/2503.02130): a function called once per layer that returns that layer's module ``m``
+        (the model holds them as ``hidden_terms``). Every forward, each layer calls ``m(h, state)`` with
+        ``h`` (B, T, D) the normalised hidden state its q, k and v are projected from and ``state`` what
+        its KV cache kept from the earlier calls (None without a cache, or on the first call). ``m``
+        returns ``(kwargs, state)``: keyword arguments added to the layer's :func:`posenc.attention` call,
+        and what the cache keeps for the next call (None: nothing). A term of the queries only (a
+        per-query projection) keeps nothing; a term of the keys keeps the cached keys' values (the gates:
+        :class:`KeyTerm`).
 
     Extensions return a changed copy (``dataclasses.replace``); the modifiers combine: two windows keep the
     narrower, two scales multiply (:meth:`narrowed`, :meth:`scaled`).
@@ -93,6 +102,7 @@ class Encoding:
     query_scale: QueryScale | None = None
     window: int | None = None
     score_scale: float = 1.0
+    hidden_terms: Callable[[], nn.Module] | None = None
 
     def narrowed(self, window: int) -> Encoding:
         """This encoding with blockwise causal attention of ``window`` (the narrower of two windows)."""
@@ -133,3 +143,21 @@ def _windowed(bias, mask: torch.Tensor):
         f"an attention window cannot be combined with a {type(bias).__name__}: its bias depends on the "
         "queries and keys, so it cannot be materialised under the window"
     )
+
+
+class KeyTerm(nn.Module):
+    """A hidden-state term of the keys, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives one value per
+    token along its last axis, (B, ..., T), and every later query sees every earlier token's value, so the
+    KV cache keeps them: the call's values are the cached tokens' followed by the new ones, passed to
+    :func:`posenc.attention` as the keyword ``name`` (FoX: a :class:`posenc.ForgetGate` as ``log_forget``).
+    """
+
+    def __init__(self, module: nn.Module, name: str):
+        super().__init__()
+        self.module, self.name = module, name
+
+    def forward(self, h: torch.Tensor, state: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+        values = self.module(h)
+        if state is not None:
+            values = torch.cat((state, values), dim=-1)
+        return {self.name: values}, values

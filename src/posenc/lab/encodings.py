@@ -37,7 +37,7 @@ import torch
 
 import posenc
 from posenc.lab.checks import check_choice
-from posenc.lab.encoding import Encoding, QueryScale
+from posenc.lab.encoding import Encoding, KeyTerm, QueryScale
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 from posenc.lab.recipes import RECIPES, pose_positions
@@ -235,6 +235,13 @@ def _fope(cfg: GPTConfig) -> Encoding:
     # paper's sigma = 0.3 (its 60M model's), the frequencies that do not complete a period in the training
     # length clipped to zero
     return Encoding(rotary=posenc.FoPE(cfg.head_dim, cfg.n_head, train_len=cfg.max_len, base=cfg.rope_base))
+
+
+@register_encoding("fox")
+def _fox(cfg: GPTConfig) -> Encoding:
+    # Lin et al. 2025, plain FoX: NoPE and a forget gate per head from each layer's normalised hidden state,
+    # the decay bias sum of log f between key and query; the cache keeps the cached keys' log-gates
+    return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head), "log_forget"))
 
 
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick

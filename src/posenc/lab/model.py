@@ -35,12 +35,15 @@ class KVCache:
 
     Keys are cached *unrotated*: :func:`posenc.attention` rotates the query and every cached key on each
     call, so all keys always share one rotation schedule (which matters for length-dependent RoPE
-    extensions such as dynamic NTK, whose frequencies change as the context grows).
+    extensions such as dynamic NTK, whose frequencies change as the context grows). ``state`` holds, per
+    layer, what the encoding's hidden-state terms keep of the cached tokens (FoX: their log forget gates,
+    (B, H, T_past)), or None (:attr:`posenc.lab.encoding.Encoding.hidden_terms`).
     """
 
     def __init__(self, n_layer: int):
         self.k: list[torch.Tensor | None] = [None] * n_layer
         self.v: list[torch.Tensor | None] = [None] * n_layer
+        self.state: list = [None] * n_layer
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,19 +82,26 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg.d_model)
 
     def forward(
-        self, x: torch.Tensor, attend: dict, cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, attend: dict, cache: KVCache | None = None, layer: int = 0, terms=None
     ) -> torch.Tensor:
         """``x`` (B, T, D) -> (B, T, D). ``attend``: the keyword arguments of :func:`posenc.attention` that
         carry the positional scheme (rotary, bias, positions, scale), and optionally ``query_scale``
         (H, T), which multiplies the queries first (SSMax). When decoding, ``cache`` holds every layer's
-        past; this is ``layer``."""
+        past; this is ``layer``. ``terms``: the layer's hidden-state terms
+        (:attr:`posenc.lab.encoding.Encoding.hidden_terms`), which add to ``attend``, or None."""
         B, T, D = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        h = self.norm1(x)
+        q, k, v = self.qkv(h).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if "query_scale" in attend:
             attend = dict(attend)
             q = q * attend.pop("query_scale")[..., None].to(q.dtype)
         if cache is not None:
             k, v = cache.append(layer, k, v)
+        if terms is not None:
+            extra, state = terms(h, None if cache is None else cache.state[layer])
+            if cache is not None:
+                cache.state[layer] = state
+            attend = {**attend, **extra}
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
         # places them, so one call serves training (T == len) and cached decoding (T < len).
         y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
@@ -112,8 +122,8 @@ class GPT(nn.Module):
 
     Positions come from one :class:`~posenc.lab.encoding.Encoding` (``self.encoding``), built from the
     config's scheme; the model names no scheme and no extension. The encoding's modules are children
-    (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``) so ``.to(device)`` and ``state_dict`` see
-    them (a learned table, a bias's parameters); ``rotary``, ``score_bias`` and ``layer_biases`` may be
+    (``pos_input``, ``rotary``, ``score_bias``, ``layer_biases``, ``hidden_terms``) so ``.to(device)`` and
+    ``state_dict`` see them (a learned table, a bias's parameters, a gate); all but ``pos_input`` may be
     None. Per-layer parameters of the encoding's modifiers are the model's own: ``sinks`` (attention sinks)
     and ``query_scales`` (SSMax's s), each one (H,) per layer or None. An eval-time extension
     (:func:`posenc.lab.encodings.eval_extension`) swaps in a changed encoding with :meth:`use_encoding` and
@@ -132,6 +142,9 @@ class GPT(nn.Module):
             self.layer_biases = nn.ModuleList(enc.layer_bias() for _ in range(cfg.n_layer))
         self.sinks = _sinks(cfg) if enc.sinks else None
         self.query_scales = _query_scales(cfg, enc.query_scale)
+        self.hidden_terms = None
+        if enc.hidden_terms is not None:
+            self.hidden_terms = nn.ModuleList(enc.hidden_terms() for _ in range(cfg.n_layer))
         self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -214,7 +227,7 @@ class GPT(nn.Module):
             x = enc.input(x, offset=offset)
         layers = _per_layer(self, T, offset, positions, idx.device)
         for i, (block, attend) in enumerate(zip(self.blocks, layers, strict=True)):
-            x = block(x, attend, cache, i)
+            x = block(x, attend, cache, i, None if self.hidden_terms is None else self.hidden_terms[i])
         if cache is not None:
             cache.length += T
         return self.norm(x) @ self.tok.weight.T
