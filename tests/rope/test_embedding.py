@@ -257,3 +257,23 @@ def test_in_place_on_a_decode_step_writes_the_out_of_place_rotation_into_q_and_k
     assert got[0] is q and got[1] is k
     torch.testing.assert_close(q, want[0], rtol=0, atol=0)
     torch.testing.assert_close(k, want[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("start", [0, 1])
+def test_in_place_on_strided_views_of_a_packed_tensor_rotates_only_the_views(layout, dtype, start):
+    """q and k as slices of one packed qkv row (an odd start breaks the complex view): in place writes the
+    out-of-place rotation into the slices and leaves the rest of the packed tensor alone."""
+    rope = posenc.RotaryEmbedding(8, layout=layout)
+    packed = torch.randn(2, 3, 1, 8 * 3 + 1, dtype=dtype)
+    before = packed.clone()
+    q, k = packed[..., start : start + 8], packed[..., start + 8 : start + 16]
+    want = rope(q.clone(), k.clone(), offset=5)
+    got = rope(q, k, offset=5, inplace=True)
+    assert got[0].data_ptr() == q.data_ptr() and got[1].data_ptr() == k.data_ptr()
+    torch.testing.assert_close(packed[..., start : start + 8], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(packed[..., start + 8 : start + 16], want[1], rtol=0, atol=0)
+    untouched = torch.ones(packed.shape[-1], dtype=torch.bool)
+    untouched[start : start + 16] = False
+    torch.testing.assert_close(packed[..., untouched], before[..., untouched], rtol=0, atol=0)

@@ -142,13 +142,12 @@ def run(
     if path is Path.EAGER:
         outs = tuple(map(rotate_eager, xs, repeat(cos), repeat(sin), repeat(layout)))
     elif path is Path.SMALL:
-        outs = tuple(map(rotate_small, xs, rows, repeat(layout)))
+        return tuple(map(rotate_small, xs, rows, repeat(layout), repeat(inplace)))
     elif inplace:
         return _rotation(path, cos, sin, layout, xs, inplace=True)
     else:
         return RotaryFunction.apply(functools.partial(_rotation, path, cos, sin, layout), *xs)
-    # in place, an EAGER or SMALL result is copied back: for a decode-sized tensor that costs less than the
-    # blocked in-place walk's per-op overhead, and under a tracer it is the only in-place form
+    # in place under a tracer, the result is copied back: the only in-place form a graph can hold
     return tuple(map(torch.Tensor.copy_, xs, outs)) if inplace else outs
 
 

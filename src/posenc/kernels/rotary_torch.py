@@ -59,7 +59,9 @@ def rotate_eager(
     return torch.cat((out, x[..., r:]), dim=-1)
 
 
-def rotate_small(x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str) -> torch.Tensor:
+def rotate_small(
+    x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str, inplace: bool = False
+) -> torch.Tensor:
     """Rotate x in one to three differentiable ops: the cheapest path for a small tensor (a decode step),
     where per-op overhead, not memory traffic, sets the time.
 
@@ -67,15 +69,28 @@ def rotate_small(x: torch.Tensor, rows: tuple[torch.Tensor, ...], layout: str) -
         x: (..., seq, rotary_dim), every dimension rotated; any float dtype but float64 (float32 arithmetic).
         rows: from :meth:`posenc.rope.table.CosSinTable.small_rows` for this layout: (cos2, sin2) for "half",
             x * cos2 + swap_halves(x) * sin2; (cos + i sin,) for "interleaved", a complex multiply.
+        inplace: write the result into x and return it (inference): as many ops as out of place, never a
+            copy more (a float32 x is multiplied in place, a 16-bit one gets its float32 result in the one
+            cast that out of place would make anyway).
     """
-    work = x if x.dtype == torch.float32 else x.float()
+    own = x.dtype == torch.float32
+    work = x if own else x.float()
     if layout == "half":  # the halves trade places: one roll
         cos2, sin2 = rows
-        out = torch.addcmul(work * cos2, work.roll(x.shape[-1] // 2, -1), sin2)
+        rolled = work.roll(x.shape[-1] // 2, -1)
+        if inplace and own:
+            return x.mul_(cos2).addcmul_(rolled, sin2)
+        out = torch.addcmul(work * cos2, rolled, sin2)
     else:
         if not complex_viewable(work):  # a strided last dimension: pairs are complex numbers only in a copy
             work = work.contiguous()
-        out = torch.view_as_real(torch.view_as_complex(work.unflatten(-1, (-1, 2))) * rows[0]).flatten(-2)
+        pairs = torch.view_as_complex(work.unflatten(-1, (-1, 2)))
+        if inplace and own and work is x:
+            pairs.mul_(rows[0])
+            return x
+        out = torch.view_as_real(pairs * rows[0]).flatten(-2)
+    if inplace:
+        return x.copy_(out)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 

@@ -63,7 +63,7 @@ def run_bench(args: argparse.Namespace) -> int:
             "posenc bench: error: --device cuda: no CUDA device is available on this machine", file=sys.stderr
         )
         return 2
-    from .benchmarks import attention, biases, peers, presets, remaps, rope, serving, targets
+    from .benchmarks import attention, biases, crossover, peers, presets, remaps, rope, serving, targets
 
     preset = presets.preset(device, args.quick)
     bias_lengths = preset.bias_lengths if args.only in ("bias", "remap") else preset.bias_default_lengths
@@ -76,10 +76,13 @@ def run_bench(args: argparse.Namespace) -> int:
         "bias": (lambda: biases.run(preset, device, args.repeat, bias_lengths), biases.bias_table),
         "remap": (lambda: remaps.run(preset, device, args.repeat, bias_lengths), remaps.remap_table),
         "peers": (lambda: peers.run(args.quick, args.repeat), peers.peers_table),
+        "crossover": (lambda: crossover.run(args.quick, args.repeat), crossover.crossover_table),
     }
     for name, (run, table) in parts.items():
-        # the peers compile transformers for every shape and dtype: minutes, so only when asked for
-        result[name] = run() if args.only == name or (args.only is None and name != "peers") else []
+        # the peers compile transformers for every shape and dtype, the crossover times every bias at
+        # many shapes: minutes each, so only when asked for
+        asked = args.only == name or (args.only is None and name not in ("peers", "crossover"))
+        result[name] = run() if asked else []
         if result[name]:
             print(table(result[name]) + "\n", flush=True)
     result["machine"]["load_average_after"] = os.getloadavg()
@@ -119,12 +122,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
     p.add_argument(
         "--only",
-        choices=("rope", "serving", "attention", "bias", "remap", "peers"),
+        choices=("rope", "serving", "attention", "bias", "remap", "peers", "crossover"),
         help="run one part only (serving: decode/prefill; bias: every score bias at L = 2048, 8192 and "
         "16384, forward and forward+backward, with its targets; remap: SelfExtend, ReRoPE, leaky ReRoPE and "
         "STRING at the same lengths against RoPE attention; a plain CPU run does L = 2048 only; peers: RoPE "
         "against transformers eager and compiled and the other RoPE libraries installed, every layout and "
-        "dtype, forward and forward+backward, CPU only and only when asked for)",
+        "dtype, forward and forward+backward, CPU only and only when asked for; crossover: every table and tile "
+        "bias materialised against its blocked kernel at short and middle lengths, the lab's shape and a "
+        "model's, only when asked for)",
     )
     p.add_argument(
         "--repeat",
