@@ -11,8 +11,9 @@ M-RoPE; axial RoPE), then attends:
   - CPU: the bias's ``blocked_attention``: torch's CPU flash kernel on blocks of queries, forward and
     backward, O(L) memory per head; :mod:`posenc.kernels.bias_blocked` (one kernel for every bias), or
     for ALiBi :mod:`posenc.kernels.alibi_blocked`, the bias folded into an appended head dimension.
-  - tiny biases (heads * q_len * k_len <= ``MATERIALISE_MAX``, whatever the batch): the materialised bias
-    and SDPA, which is as fast there and has the fewest moving parts.
+  - short lengths (heads * q_len * k_len at most the bias's ``materialise_max``, whatever the batch, while
+    SDPA's scores fit ``MATERIALISED_BYTES``): the materialised bias and SDPA, faster there
+    (:func:`bias_backend`; the crossovers per bias are measured by ``posenc bench --only crossover``).
 * a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE), whose terms
   depend on the query content: its own ``attend``, blocks of queries under a checkpoint
   (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
@@ -35,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from .bias.base import ScoreBias
+from .bias.alibi import ALiBi
+from .bias.base import MATERIALISE_MAX, ScoreBias
 from .bias.content import ContentBias
 from .bias.forget import forgetting_attention
 from .kernels.flex import flex_attention
@@ -45,25 +47,32 @@ from .rope.protocol import RotaryProtocol, is_rotary
 
 __all__ = ["attention", "alibi_backend", "bias_backend"]
 
-# At and below this many bias entries (heads * q_len * k_len: the bias is the same for every sequence of a
-# batch), a bias on the CPU is materialised: the blocked path only pays above it (docs/fast-paths.md).
-MATERIALISE_MAX = 1 << 18
+# SDPA given a materialised float bias on the CPU holds about this many (batch, heads, q_len, k_len) float32
+# tensors at its peak (measured: 2.3 forward, 3.2 forward + backward); above MATERIALISED_BYTES of them the
+# blocked kernel's O(L) memory is taken whatever the speed.
+_SDPA_COPIES = 4
+MATERIALISED_BYTES = 256 << 20
 
 _block_masks: dict = {}  # (q_len, k_len, device) -> causal BlockMask; it depends on nothing else
 
 
-def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
-    """Which ALiBi path :func:`attention` takes for these tensors: "flex", "materialise" or "blocked"."""
+def bias_backend(q: torch.Tensor, k: torch.Tensor, bias: ScoreBias | type[ScoreBias] | None = None) -> str:
+    """Which path :func:`attention` takes for a score bias: "flex" on CUDA; on the CPU "materialise" while
+    heads x q_len x k_len is at most the bias's ``materialise_max`` (where materialising it measured
+    faster than its blocked kernel; the batch shares one bias) and SDPA's scores fit
+    ``MATERIALISED_BYTES``, else "blocked". ``bias`` None: the default threshold, ``MATERIALISE_MAX``."""
     if q.is_cuda:
         return "flex"
-    if q.shape[1] * q.shape[-2] * k.shape[-2] <= MATERIALISE_MAX:  # the bias is (heads, L, L) at any batch
+    entries = q.shape[1] * q.shape[-2] * k.shape[-2]
+    limit = MATERIALISE_MAX if bias is None else bias.materialise_max
+    if entries <= limit and q.shape[0] * entries * 4 * _SDPA_COPIES <= MATERIALISED_BYTES:
         return "materialise"
     return "blocked"
 
 
-def bias_backend(q: torch.Tensor, k: torch.Tensor) -> str:
-    """Which path :func:`attention` takes for a bias module: "flex", "materialise" or "blocked"."""
-    return alibi_backend(q, k)
+def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
+    """Which ALiBi path :func:`attention` takes for these tensors: "flex", "materialise" or "blocked"."""
+    return bias_backend(q, k, ALiBi)
 
 
 def _flex_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:
@@ -102,7 +111,7 @@ def _bias_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool)
         raise ValueError(
             f"{name} needs q_len <= k_len (queries are the last q_len keys), got {q_len} > {k_len}"
         )
-    backend = bias_backend(q, k)
+    backend = bias_backend(q, k, bias)
     if backend == "flex":
         return _flex_attention(q, k, v, bias, causal, scale, enable_gqa)
     if backend == "materialise":

@@ -28,7 +28,11 @@ import torch
 from .. import _checks
 from .._precision import KeepsPrecision
 
-__all__ = ["ScoreBias", "check_lengths"]
+__all__ = ["MATERIALISE_MAX", "ScoreBias", "check_lengths"]
+
+# The default ScoreBias.materialise_max: bias entries (heads x q_len x k_len) at and below which the CPU
+# materialises a bias rather than run its blocked kernel.
+MATERIALISE_MAX = 1 << 18
 
 
 def check_lengths(q_len, k_len) -> tuple[int, int]:
@@ -49,11 +53,15 @@ class ScoreBias(KeepsPrecision):
     Subclasses set ``self.n_heads`` and implement :meth:`table` (``per_tile = False``) or :meth:`tile`
     (``per_tile = True``). ``tile_width`` is the number of floats a tile bias computes per score (for FIRE the
     MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it. Buffers named in
-    ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`).
+    ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`). ``materialise_max``:
+    the bias entries (heads x q_len x k_len) up to which :func:`posenc.attention` materialises the bias on
+    the CPU instead of running :meth:`blocked_attention`, where that measured faster for the class
+    (``posenc bench --only crossover``).
     """
 
     per_tile: bool = False
     tile_width: int = 1
+    materialise_max: int = MATERIALISE_MAX
 
     def table(self, distance: torch.Tensor) -> torch.Tensor:
         """(n_heads, n) bias at the signed distances ``distance`` = i - j, a float tensor of shape (n,)."""
@@ -115,7 +123,7 @@ class ScoreBias(KeepsPrecision):
 
     def blocked_attention(self, q, k, v, causal: bool, scale: float) -> torch.Tensor:
         """Attention with this bias on the CPU in O(L) memory per head (no (heads, L, L) tensor), the path
-        :func:`posenc.attention` takes above ``MATERIALISE_MAX`` scores: q (batch, heads, q_len, dim), k
+        :func:`posenc.attention` takes above ``materialise_max`` entries: q (batch, heads, q_len, dim), k
         (batch, kv_heads, k_len, dim), v (batch, kv_heads, k_len, v_dim) -> (batch, heads, q_len, v_dim).
         Here :mod:`posenc.kernels.bias_blocked`, one kernel for every table and tile bias; a bias with a
         faster kernel of its own overrides this."""
