@@ -286,7 +286,7 @@ def _from_hidden_state(q, k, v, rotary, bias, causal, positions, k_positions, of
         others = {**others, "rel_states": rel_states, "rel_table": rel_table}
     given = [n for n, value in others.items() if value is not None]
     if given:
-        raise ValueError(f"{name}= cannot be combined with {', '.join(given)}=")
+        raise ValueError(f"{name}= cannot be combined with {', '.join(n + '=' for n in given)}")
     q, k = _rotate(rotary, q, k, positions, k_positions, offset)
     if log_forget is not None:
         return forgetting_attention(q, k, v, log_forget, scale=scale)
