@@ -542,9 +542,8 @@ def banded_bias(rel_states, rel_table, k_len: int) -> np.ndarray:
     bias = np.zeros((*r.shape[:-1], k_len))
     for a in range(lq):
         i = k_len - lq + a
-        for j in range(k_len):
-            if 0 <= i - j < extent:
-                bias[..., a, j] = r[..., a, :] @ table[:, i - j]
+        for j in range(max(0, i - extent + 1), i + 1):  # 0 <= i - j < extent; every other entry stays 0
+            bias[..., a, j] = r[..., a, :] @ table[:, i - j]
     return bias
 
 
