@@ -190,7 +190,6 @@ def test_memory_stays_linear():
     setup += "\nr = lambda q: torch.randn(*q.shape[:3], 16, requires_grad=True)"
     call = "posenc.attention(q, k, v, rel_states=r(q), rel_table=table)"
     rise_mib = peak_rise_mib(setup, call, 4096)
-    print(f"peak RSS rise {rise_mib:.0f} MiB")
     assert rise_mib < 128, f"peak RSS rose by {rise_mib:.0f} MiB"
 
 
