@@ -1,6 +1,6 @@
 """A hidden-state-conditioned banded relative bias: the RoPE-free attention of Inkling (Thinking Machines Lab,
-2026, thinkingmachines.ai/news/introducing-inkling; served by vLLM, SGLang and llama.cpp, and in Hugging Face
-transformers as ``InklingRelativeLogits``).
+2026, thinkingmachines.ai/news/introducing-inkling; served by vLLM and SGLang, with a llama.cpp port under
+review, and in Hugging Face transformers as ``InklingRelativeLogits``).
 
 Per layer, a learned table P (d_rel, extent) of bias-versus-distance profiles, shared by the heads, and per
 head and token a small projection of the layer's normalised hidden state, r_i = W_h x_i (d_rel numbers). Query
