@@ -12,6 +12,7 @@ from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import (
     ALiBi,
+    BandedRelative,
     ContentBias,
     CoPE,
     FireBias,
@@ -22,6 +23,7 @@ from .bias import (
     ShawRelative,
     T5Bias,
     alibi_slopes,
+    banded_attention,
     forgetting_attention,
 )
 from .remap import STRING, DualChunk, ReRoPE, SelfExtend
@@ -54,6 +56,7 @@ def __getattr__(name: str):
 __all__ = [
     "ALiBi",
     "AxialRotaryEmbedding",
+    "BandedRelative",
     "CoPE",
     "ContentBias",
     "DualChunk",
@@ -77,6 +80,7 @@ __all__ = [
     "XPos",
     "alibi_slopes",
     "attention",
+    "banded_attention",
     "blockwise_causal_mask",
     "forgetting_attention",
     "reference",

@@ -25,7 +25,10 @@ distances: q and k are rotated once per view of the remap and attended block by 
 same kernels. With ``log_forget=`` (per-token log forget gates, a :class:`~posenc.bias.forget.ForgetGate`'s
 output), Forgetting Attention (FoX, Lin et al. 2025, arxiv.org/abs/2503.02130): the causal decay bias
 sum_{l=j+1..i} log f_l on blocks of queries (:func:`~posenc.bias.forget.forgetting_attention`), after
-``rotary`` if one is given.
+``rotary`` if one is given. With ``rel_states=`` and ``rel_table=`` (a per-query projection r of the hidden
+state and a learned table P of profiles, a :class:`~posenc.bias.banded.BandedRelative`'s), Inkling's banded
+relative bias r_i . P[:, i - j] over the last ``extent`` keys on blocks of queries
+(:func:`~posenc.bias.banded.banded_attention`), after ``rotary`` if one is given.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch.nn.functional as F
 
 from . import _checks
 from .bias.alibi import ALiBi
+from .bias.banded import banded_attention
 from .bias.base import MATERIALISE_MAX, ScoreBias
 from .bias.content import ContentBias
 from .bias.forget import forgetting_attention
@@ -262,22 +266,40 @@ def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_position
     return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale, sinks=sinks)
 
 
-def _forgetting(q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, log_forget, others):
-    """FoX's decay bias from the call's log forget gates, after any rotary; refused with what it replaces."""
-    if not causal:
+# What each bias from the hidden state is, and why it is causal only (for the errors of _from_hidden_state).
+_HIDDEN = {
+    "log_forget": ("the decay bias", "the decay runs from a key to later queries"),
+    "rel_states": ("the banded relative bias", "query i reads the profile of distance i - j >= 0"),
+}
+
+
+def _from_hidden_state(q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, terms, others):
+    """FoX's decay (``log_forget=``) or Inkling's banded bias (``rel_states=`` with ``rel_table=``), from the
+    call's hidden-state terms, after any rotary; refused with what they replace (``others``) or each other."""
+    log_forget, rel_states, rel_table = terms
+    if log_forget is None and (rel_states is None) != (rel_table is None):
+        have, need = ("rel_states", "rel_table") if rel_table is None else ("rel_table", "rel_states")
         raise ValueError(
-            "log_forget= works with causal attention only (the decay runs from a key to later queries)"
+            f"{have}= needs {need}= (the banded bias r_i . P[:, i - j] takes r as rel_states and P as "
+            "rel_table)"
         )
+    name = "log_forget" if log_forget is not None else "rel_states"
+    what, why = _HIDDEN[name]
+    if not causal:
+        raise ValueError(f"{name}= works with causal attention only ({why})")
     if bias is not None:
         raise ValueError(
-            f"log_forget= is the decay bias; it takes no other bias (got {type(bias).__name__}): pass one or "
-            "the other"
+            f"{name}= is {what}; it takes no other bias (got {type(bias).__name__}): pass one or the other"
         )
-    given = [name for name, value in others.items() if value is not None]
+    if log_forget is not None:
+        others = {**others, "rel_states": rel_states, "rel_table": rel_table}
+    given = [n for n, value in others.items() if value is not None]
     if given:
-        raise ValueError(f"log_forget= cannot be combined with {', '.join(given)}=")
+        raise ValueError(f"{name}= cannot be combined with {', '.join(n + '=' for n in given)}")
     q, k = _rotate(rotary, q, k, positions, k_positions, offset)
-    return forgetting_attention(q, k, v, log_forget, scale=scale)
+    if log_forget is not None:
+        return forgetting_attention(q, k, v, log_forget, scale=scale)
+    return banded_attention(q, k, v, rel_states, rel_table, scale=scale)
 
 
 def attention(
@@ -295,6 +317,8 @@ def attention(
     remap: Remap | None = None,
     sinks: torch.Tensor | None = None,
     log_forget: torch.Tensor | None = None,
+    rel_states: torch.Tensor | None = None,
+    rel_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
 
@@ -330,15 +354,22 @@ def attention(
             the bias sum_{l=j+1..i} log f_l; causal, without ``bias``, ``remap`` or ``sinks``, with or
             without ``rotary``; gradients flow to the gates. With a KV cache, pass the gates of the cached
             keys followed by the new ones.
+        rel_states: (batch, heads, q_len, d_rel) r_i, a projection of each query's hidden state (Inkling: a
+            :class:`~posenc.bias.banded.BandedRelative`'s output), with ``rel_table`` (d_rel, extent) P: query
+            i and key j get the bias r_i . P[:, i - j] for 0 <= i - j < extent, 0 beyond; causal, without
+            ``bias``, ``remap``, ``sinks`` or ``log_forget``, with or without ``rotary``; gradients flow to
+            both. With a KV cache, pass the new queries' r only.
+        rel_table: (d_rel, extent) P, extent >= 1, shared by the heads (Inkling: ``BandedRelative.table``);
+            given with ``rel_states`` and only with it.
 
     Returns:
         (batch, heads, q_len, v_dim).
     """
     _check_qkv(q, k, v, causal)
-    if log_forget is not None:
-        others = {"remap": remap, "sinks": sinks}
-        return _forgetting(
-            q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, log_forget, others
+    if log_forget is not None or rel_states is not None or rel_table is not None:
+        terms, others = (log_forget, rel_states, rel_table), {"remap": remap, "sinks": sinks}
+        return _from_hidden_state(
+            q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, terms, others
         )
     if remap is not None or sinks is not None:
         return _remap_attention(

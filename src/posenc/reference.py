@@ -31,6 +31,8 @@ __all__ = [
     "shaw_attention",
     "cope_attention",
     "forgetting_attention",
+    "banded_bias",
+    "banded_attention",
     "selfextend_distance",
     "rerope_distance",
     "string_distance",
@@ -524,6 +526,36 @@ def forgetting_attention(q, k, v, log_forget, scale: float | None = None) -> np.
         decay[..., a, :i] = np.cumsum(log_f[..., i:0:-1], axis=-1)[..., ::-1]
         decay[..., a, i] = 0.0
     return attention(q, k, v, bias=decay, causal=True, scale=scale)
+
+
+def banded_bias(rel_states, rel_table, k_len: int) -> np.ndarray:
+    """Inkling's hidden-state-conditioned banded relative bias (Thinking Machines Lab 2026; Hugging Face
+    transformers' ``InklingRelativeLogits``): query i and key j get
+
+    b_ij = r_i . P[:, i - j]  for 0 <= i - j < extent,  0 otherwise (later keys, and beyond the extent).
+
+    rel_states r (..., Lq, d_rel), rel_table P (d_rel, extent); the queries are the last Lq of k_len
+    positions. Returns (..., Lq, k_len), every entry written one pair at a time.
+    """
+    r, table = _array(rel_states), _array(rel_table)
+    lq, extent = r.shape[-2], table.shape[1]
+    bias = np.zeros((*r.shape[:-1], k_len))
+    for a in range(lq):
+        i = k_len - lq + a
+        for j in range(max(0, i - extent + 1), i + 1):  # 0 <= i - j < extent; every other entry stays 0
+            bias[..., a, j] = r[..., a, :] @ table[:, i - j]
+    return bias
+
+
+def banded_attention(q, k, v, rel_states, rel_table, scale: float | None = None) -> np.ndarray:
+    """Causal attention with Inkling's banded bias (:func:`banded_bias`):
+    out_i = sum_{j <= i} softmax_j(q_i . k_j * scale + b_ij) v_j.
+
+    q (..., Lq, d), k (..., Lk, d), v (..., Lk, dv), rel_states (..., Lq, d_rel) with q's leading axes,
+    rel_table (d_rel, extent); queries are the last Lq positions. Returns (..., Lq, dv).
+    """
+    bias = banded_bias(rel_states, rel_table, _array(k).shape[-2])
+    return attention(q, k, v, bias=bias, causal=True, scale=scale)
 
 
 def packed_positions(lengths) -> np.ndarray:

@@ -27,9 +27,9 @@ def test_settings_validation():
     [
         (
             {"encoding": "nope"},
-            "encoding='nope' is not known; allowed: alibi, cope, fire, fope, fox, kerple, learned, none, "
-            "rope, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, sinusoidal-random, t5, "
-            "xpos, or your own as 'package.module:function'",
+            "encoding='nope' is not known; allowed: alibi, banded, cope, fire, fope, fox, kerple, learned, "
+            "none, rope, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, sinusoidal-random, "
+            "t5, xpos, or your own as 'package.module:function'",
         ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),

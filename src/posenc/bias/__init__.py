@@ -1,6 +1,7 @@
 """Additive attention-score biases: a bias adds b_h(i, j) to the score of query i and key j in head h."""
 
 from .alibi import ALiBi, alibi_slopes
+from .banded import BandedRelative, banded_attention, banded_bias
 from .base import ScoreBias
 from .content import ContentBias
 from .cope import CoPE
@@ -13,6 +14,7 @@ from .t5 import T5Bias, t5_relative_bucket
 
 __all__ = [
     "ALiBi",
+    "BandedRelative",
     "CoPE",
     "ContentBias",
     "FireBias",
@@ -23,6 +25,8 @@ __all__ = [
     "ShawRelative",
     "T5Bias",
     "alibi_slopes",
+    "banded_attention",
+    "banded_bias",
     "forgetting_attention",
     "t5_relative_bucket",
 ]

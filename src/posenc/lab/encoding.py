@@ -17,7 +17,7 @@ import posenc
 from posenc.bias.base import ScoreBias
 from posenc.lab.errors import LabError
 
-__all__ = ["Encoding", "KeyTerm", "QueryScale"]
+__all__ = ["Encoding", "KeyTerm", "QueryScale", "QueryTerm", "floored_log_length"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,13 @@ class QueryScale:
         return s * self.length(keys_seen.to(torch.float32))[None, :]
 
 
+def floored_log_length(n: torch.Tensor, floor: float, alpha: float) -> torch.Tensor:
+    """Inkling's log-length temperature (Thinking Machines Lab 2026) of rows that see n keys,
+    tau(n) = 1 + alpha log(max(n / floor, 1)): exactly 1 up to ``floor`` keys, then growing like alpha log n
+    (a :class:`QueryScale` ``length``, with ``functools.partial`` binding floor and alpha). n (q_len,)."""
+    return 1.0 + alpha * torch.log((n / floor).clamp(min=1.0))
+
+
 @dataclass(frozen=True)
 class Encoding:
     """The positional machinery of one scheme, as the model reads it.
@@ -85,8 +92,9 @@ class Encoding:
         its KV cache kept from the earlier calls (None without a cache, or on the first call). ``m``
         returns ``(kwargs, state)``: keyword arguments added to the layer's :func:`posenc.attention` call,
         and what the cache keeps for the next call (None: nothing). A term of the queries only (a
-        per-query projection) keeps nothing; a term of the keys keeps the cached keys' values (the gates:
-        :class:`KeyTerm`).
+        per-query projection: :class:`QueryTerm`) keeps nothing; a term of the keys keeps the cached keys'
+        values (the gates: :class:`KeyTerm`). The names a module lists in ``scaled_by_query`` are per-query
+        tensors (B, H, T, ...) that the layer multiplies by its query scale as it multiplies q.
 
     Extensions return a changed copy (``dataclasses.replace``); the modifiers combine: two windows keep the
     narrower, two scales multiply (:meth:`narrowed`, :meth:`scaled`).
@@ -161,3 +169,23 @@ class KeyTerm(nn.Module):
         if state is not None:
             values = torch.cat((state, values), dim=-1)
         return {self.name: values}, values
+
+
+class QueryTerm(nn.Module):
+    """A hidden-state term of the queries, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives one value
+    per query head and new token, (B, H, T, d), passed to :func:`posenc.attention` as the keyword ``name``,
+    with the module's tensors ``tables`` (keyword -> attribute name: parameters the attention reads alongside,
+    Inkling's P as ``{"rel_table": "table"}``). Only the new queries read it, so the KV cache keeps nothing.
+    The layer's query scale multiplies it as it multiplies q (``scaled_by_query``): a temperature on the
+    whole score row, as Inkling's tau scales its position logits with its content logits.
+    """
+
+    def __init__(self, module: nn.Module, name: str, tables: dict[str, str] | None = None):
+        super().__init__()
+        self.module, self.name, self.tables = module, name, dict(tables or {})
+        self.scaled_by_query = (name,)
+
+    def forward(self, h: torch.Tensor, state) -> tuple[dict, None]:
+        kwargs = {self.name: self.module(h)}
+        kwargs.update({key: getattr(self.module, attr) for key, attr in self.tables.items()})
+        return kwargs, None

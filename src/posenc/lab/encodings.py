@@ -37,7 +37,7 @@ import torch
 
 import posenc
 from posenc.lab.checks import check_choice
-from posenc.lab.encoding import Encoding, KeyTerm, QueryScale
+from posenc.lab.encoding import Encoding, KeyTerm, QueryScale, QueryTerm, floored_log_length
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 from posenc.lab.recipes import RECIPES, pose_positions
@@ -242,6 +242,23 @@ def _fox(cfg: GPTConfig) -> Encoding:
     # Lin et al. 2025, plain FoX: NoPE and a forget gate per head from each layer's normalised hidden state,
     # the decay bias sum of log f between key and query; the cache keeps the cached keys' log-gates
     return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head), "log_forget"))
+
+
+@register_encoding("banded")
+def _banded(cfg: GPTConfig) -> Encoding:
+    """Inkling's RoPE-free attention (Thinking Machines Lab 2026): NoPE, a banded bias r_i . P[:, i - j] over
+    the last extent keys in every layer (posenc.BandedRelative), and Inkling's fixed temperature
+    1 + 0.1 log(max(n / L, 1)) on the whole row (q and r). d_rel = 16, Inkling's; extent = L / 2: Inkling's
+    band (1024) is far shorter than its context, and L / 2 keeps every distance of the band trained by half
+    of each sequence's rows. The floor L (Inkling's 128000, about its training context) keeps training at
+    1."""
+    extent = max(1, cfg.max_len // 2)
+    length = functools.partial(floored_log_length, floor=cfg.max_len, alpha=0.1)
+    term = functools.partial(QueryTerm, name="rel_states", tables={"rel_table": "table"})
+    return Encoding(
+        hidden_terms=lambda: term(posenc.BandedRelative(cfg.d_model, cfg.n_head, d_rel=16, extent=extent)),
+        query_scale=QueryScale(length=length, init=1.0, learned=False),
+    )
 
 
 # Randomized positions (Ruoss et al. 2023) sample from a range as long as the longest evaluation of the quick
