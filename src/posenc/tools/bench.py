@@ -127,9 +127,9 @@ def add_commands(subparsers) -> None:
         "16384, forward and forward+backward, with its targets; remap: SelfExtend, ReRoPE, leaky ReRoPE and "
         "STRING at the same lengths against RoPE attention; a plain CPU run does L = 2048 only; peers: RoPE "
         "against transformers eager and compiled and the other RoPE libraries installed, every layout and "
-        "dtype, forward and forward+backward, CPU only and only when asked for; crossover: every table and tile "
-        "bias materialised against its blocked kernel at short and middle lengths, the lab's shape and a "
-        "model's, only when asked for)",
+        "dtype, forward and forward+backward, CPU only and only when asked for; crossover: every table and "
+        "tile bias materialised against its blocked kernel at short and middle lengths, the lab's shape and "
+        "a model's, only when asked for)",
     )
     p.add_argument(
         "--repeat",
