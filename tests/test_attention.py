@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import ALiBi, RotaryEmbedding, reference
-from posenc.attention import MATERIALISE_MAX, alibi_backend, bias_backend
+from posenc.attention import DECODE_QUERIES, alibi_backend, bias_backend
 from posenc.kernels import rotate_eager
 from posenc.kernels.alibi_blocked import alibi_attention_blocked
 
@@ -119,8 +119,8 @@ def test_attention_alibi_dispatch_matches_reference(shape):
     q = torch.randn(b, h, seq, d, generator=gen)
     k, v = torch.randn(b, h // 2, seq, d, generator=gen), torch.randn(b, h // 2, seq, d, generator=gen)
     alibi = ALiBi(h)
-    expect = "materialise" if h * seq * seq <= MATERIALISE_MAX else "blocked"
-    assert alibi_backend(q, k) == expect
+    expect = "materialise" if seq < DECODE_QUERIES else "blocked"
+    assert alibi_backend(q, k, alibi) == expect
     got = posenc.attention(q, k, v, bias=alibi, causal=True)
     want = _numpy_reference(q, k, v, alibi.slopes.double().numpy(), True)
     np.testing.assert_allclose(got.double().numpy(), want, atol=1e-5, rtol=0)
@@ -311,8 +311,9 @@ def test_attention_score_bias_dispatch_matches_reference(name, shape):
     q = torch.randn(b, h, seq, d, generator=gen)
     k, v = torch.randn(b, h // 2, seq, d, generator=gen), torch.randn(b, h // 2, seq, d, generator=gen)
     bias = make_bias(name, h)
-    assert bias_backend(q, k) == ("materialise" if h * seq * seq <= MATERIALISE_MAX else "blocked")
-    got = posenc.attention(q, k, v, bias=bias, scale=1.0 if name.startswith("t5") else None)
+    with torch.no_grad():  # a forward pass: training a bias's parameters may materialise longer ones
+        assert bias_backend(q, k, bias) == ("materialise" if seq < DECODE_QUERIES else "blocked")
+        got = posenc.attention(q, k, v, bias=bias, scale=1.0 if name.startswith("t5") else None)
     want = oracle_attention(q, k, v, bias, True, scale=1.0 if name.startswith("t5") else None)
     np.testing.assert_allclose(got.detach().double().numpy(), want, atol=2e-5, rtol=0)
 
@@ -381,14 +382,24 @@ def test_a_mask_of_the_wrong_shape_is_refused_naming_bias_and_the_shape(shape, d
         posenc.attention(q, q, q, bias=torch.zeros(shape, dtype=dtype))
 
 
-def test_the_bias_is_materialised_by_its_own_size_whatever_the_batch():
-    """The lab trains at batch 16 x 8 heads x 64 tokens: every bias took the blocked kernel there, 1.6-2.1x
-    slower than SDPA with a 128 KiB materialised bias, because the choice counted the batch."""
+def test_the_materialised_bias_is_taken_where_it_measured_faster():
+    """The blocked kernels win whenever a block of queries has work to do; materialising wins for a few
+    queries (decoding) and while a bias's parameters train at short lengths, within SDPA's score memory."""
+    from posenc import T5Bias
     from posenc.attention import bias_backend
 
-    k = torch.randn(16, 8, 64, 64)
-    assert bias_backend(torch.randn(16, 8, 64, 64), k) == "materialise"
-    assert bias_backend(torch.randn(1, 8, 4096, 64), torch.randn(1, 8, 4096, 64)) == "blocked"
+    t5 = T5Bias(8)
+    lab, long = torch.randn(16, 8, 64, 16), torch.randn(1, 8, 4096, 64)
+    assert bias_backend(lab, lab, t5) == "materialise"  # training T5's table at the lab's shape
+    with torch.no_grad():
+        assert bias_backend(lab, lab, t5) == "blocked"  # forward only: nothing to train
+    assert bias_backend(lab, lab, posenc.SandwichBias(8)) == "blocked"  # no parameters
+    assert bias_backend(lab, lab, ALiBi(8, learnable=True)) == "blocked"  # its kernel gives the slopes' grad
+    assert bias_backend(torch.randn(16, 8, 256, 16), torch.randn(16, 8, 256, 16), t5) == "blocked"
+    assert bias_backend(torch.randn(16, 8, 1, 64), torch.randn(16, 8, 4096, 64), t5) == "materialise"
+    assert bias_backend(long[:, :, -1:], long, t5) == "materialise"  # one decode step
+    assert bias_backend(torch.randn(64, 32, 1, 8), torch.randn(64, 32, 65536, 8), t5) == "blocked"  # memory
+    assert bias_backend(long, long, t5) == "blocked"
 
 
 @pytest.mark.filterwarnings("ignore")

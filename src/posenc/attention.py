@@ -11,9 +11,9 @@ M-RoPE; axial RoPE), then attends:
   - CPU: the bias's ``blocked_attention``: torch's CPU flash kernel on blocks of queries, forward and
     backward, O(L) memory per head; :mod:`posenc.kernels.bias_blocked` (one kernel for every bias), or
     for ALiBi :mod:`posenc.kernels.alibi_blocked`, the bias folded into an appended head dimension.
-  - short lengths (heads * q_len * k_len at most the bias's ``materialise_max``, whatever the batch, while
-    SDPA's scores fit ``MATERIALISED_BYTES``): the materialised bias and SDPA, faster there
-    (:func:`bias_backend`; the crossovers per bias are measured by ``posenc bench --only crossover``).
+  - few queries (decoding), and training a bias's parameters at short lengths: the materialised bias and
+    SDPA, faster there (:func:`bias_backend`; the crossovers are measured by ``posenc bench --only
+    crossover``).
 * a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE), whose terms
   depend on the query content: its own ``attend``, blocks of queries under a checkpoint
   (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
@@ -39,9 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from .bias.alibi import ALiBi
 from .bias.banded import banded_attention
-from .bias.base import MATERIALISE_MAX, ScoreBias
+from .bias.base import ScoreBias
 from .bias.content import ContentBias
 from .bias.forget import forgetting_attention
 from .kernels.flex import flex_attention
@@ -56,27 +55,40 @@ __all__ = ["attention", "alibi_backend", "bias_backend"]
 # blocked kernel's O(L) memory is taken whatever the speed.
 _SDPA_COPIES = 4
 MATERIALISED_BYTES = 256 << 20
+# Below this many queries the blocked kernels are mostly fixed cost (a decode step, a short chunk): the
+# materialised (heads, q_len, k_len) bias and SDPA measured 1.2-8x faster at q_len 1-16, the blocked kernel
+# faster from q_len 64 (docs/fast-paths.md).
+DECODE_QUERIES = 32
 
 _block_masks: dict = {}  # (q_len, k_len, device) -> causal BlockMask; it depends on nothing else
 
 
-def bias_backend(q: torch.Tensor, k: torch.Tensor, bias: ScoreBias | type[ScoreBias] | None = None) -> str:
-    """Which path :func:`attention` takes for a score bias: "flex" on CUDA; on the CPU "materialise" while
-    heads x q_len x k_len is at most the bias's ``materialise_max`` (where materialising it measured
-    faster than its blocked kernel; the batch shares one bias) and SDPA's scores fit
-    ``MATERIALISED_BYTES``, else "blocked". ``bias`` None: the default threshold, ``MATERIALISE_MAX``."""
+def bias_backend(q: torch.Tensor, k: torch.Tensor, bias: ScoreBias | None = None) -> str:
+    """Which path :func:`attention` takes for a score bias: "flex" on CUDA; on the CPU "blocked" (the
+    bias's O(L) kernel, the faster one whenever its blocks of queries have work to do) unless SDPA with the
+    materialised bias is faster and its scores fit ``MATERIALISED_BYTES``: for fewer than
+    ``DECODE_QUERIES`` queries, and while ``bias``'s parameters are trained up to its ``materialise_max``
+    scores (measured per bias: ``posenc bench --only crossover``)."""
     if q.is_cuda:
         return "flex"
-    entries = q.shape[1] * q.shape[-2] * k.shape[-2]
-    limit = MATERIALISE_MAX if bias is None else bias.materialise_max
-    if entries <= limit and q.shape[0] * entries * 4 * _SDPA_COPIES <= MATERIALISED_BYTES:
+    scores = q.shape[0] * q.shape[1] * q.shape[-2] * k.shape[-2]
+    if scores * 4 * _SDPA_COPIES > MATERIALISED_BYTES:
+        return "blocked"
+    if q.shape[-2] < DECODE_QUERIES:
+        return "materialise"
+    if bias is not None and scores <= bias.materialise_max and _trains(bias):
         return "materialise"
     return "blocked"
 
 
-def alibi_backend(q: torch.Tensor, k: torch.Tensor) -> str:
+def _trains(bias: ScoreBias) -> bool:
+    """Whether this call records gradients for the bias's parameters."""
+    return torch.is_grad_enabled() and any(p.requires_grad for p in bias.parameters())
+
+
+def alibi_backend(q: torch.Tensor, k: torch.Tensor, alibi: ScoreBias | None = None) -> str:
     """Which ALiBi path :func:`attention` takes for these tensors: "flex", "materialise" or "blocked"."""
-    return bias_backend(q, k, ALiBi)
+    return bias_backend(q, k, alibi)
 
 
 def _flex_attention(q, k, v, bias, causal: bool, scale: float, enable_gqa: bool) -> torch.Tensor:

@@ -91,7 +91,8 @@ def test_alibi_bias_is_the_score_bias_of_its_table_bit_for_bit(n_heads, q_len, e
         g = torch.randn(got.shape).masked_fill(torch.isinf(got), 0.0)
         (grad,) = torch.autograd.grad(got, alibi.log_slopes, g, allow_unused=True)
         (grad_want,) = torch.autograd.grad(want, alibi.log_slopes, g, allow_unused=True)
-        torch.testing.assert_close(grad, grad_want, rtol=1e-6, atol=0)
+        # the generic lookup sums dS per distance before the slope's chain rule: float32 order, not value
+        torch.testing.assert_close(grad, grad_want, rtol=1e-5, atol=0)
 
 
 def test_alibi_state_dict_keys_are_unchanged_and_old_checkpoints_load():
@@ -111,7 +112,7 @@ def test_alibi_state_dict_keys_are_unchanged_and_old_checkpoints_load():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_runs_alibi_own_blocked_kernel(causal):
-    """Above MATERIALISE_MAX on the CPU, attention(bias=ALiBi) is exactly alibi_attention_blocked."""
+    """A prefill on the CPU runs ALiBi's own blocked kernel: attention(bias=ALiBi) is exactly it."""
     from posenc.attention import bias_backend
     from posenc.kernels.alibi_blocked import alibi_attention_blocked
 
@@ -119,7 +120,7 @@ def test_attention_runs_alibi_own_blocked_kernel(causal):
     q = torch.randn(1, 4, 300, 8, generator=gen)
     k, v = torch.randn(1, 2, 300, 8, generator=gen), torch.randn(1, 2, 300, 8, generator=gen)
     alibi = ALiBi(4)
-    assert bias_backend(q, k) == "blocked"
+    assert bias_backend(q, k, alibi) == "blocked"
     got = posenc.attention(q, k, v, bias=alibi, causal=causal)
     assert torch.equal(got, alibi_attention_blocked(q, k, v, alibi.slopes, causal=causal, scale=8**-0.5))
     assert torch.equal(alibi.blocked_attention(q, k, v, causal, 8**-0.5), got)
@@ -140,7 +141,8 @@ def test_attention_takes_a_score_bias_own_blocked_kernel():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 4, 300, 8, generator=gen) for _ in range(3))
     bias = Counted(4)
-    got = posenc.attention(q, k, v, bias=bias, scale=0.5)
+    with torch.no_grad():  # a forward pass (training T5's table at 300 tokens would materialise it)
+        got = posenc.attention(q, k, v, bias=bias, scale=0.5)
     assert calls == [((1, 4, 300, 8), True, 0.5)]
     assert torch.equal(got, bias_attention_blocked(q, k, v, bias, causal=True, scale=0.5))
 

@@ -50,6 +50,10 @@ class ALiBi(ScoreBias):
     CPU); ``bias`` is for inspection and small inputs.
     """
 
+    # Learnable slopes get their gradient from two columns appended in ALiBi's own blocked kernel, with no
+    # score-gradient recompute, so training never needs the materialised bias.
+    materialise_max = 0
+
     precise_buffers = ("_slopes",)
 
     def __init__(self, n_heads: int, slopes=None, learnable: bool = False):

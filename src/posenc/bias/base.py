@@ -30,9 +30,10 @@ from .._precision import KeepsPrecision
 
 __all__ = ["MATERIALISE_MAX", "ScoreBias", "check_lengths"]
 
-# The default ScoreBias.materialise_max: bias entries (heads x q_len x k_len) at and below which the CPU
-# materialises a bias rather than run its blocked kernel.
-MATERIALISE_MAX = 1 << 18
+# The default ScoreBias.materialise_max: in training, a bias with parameters is materialised on the CPU up to
+# this many scores (batch x heads x q_len x k_len), where SDPA's backward beat the blocked kernel's per-block
+# score-gradient recompute for T5, KERPLE and FIRE alike (posenc bench --only crossover).
+MATERIALISE_MAX = 1 << 21
 
 
 def check_lengths(q_len, k_len) -> tuple[int, int]:
@@ -54,9 +55,9 @@ class ScoreBias(KeepsPrecision):
     (``per_tile = True``). ``tile_width`` is the number of floats a tile bias computes per score (for FIRE the
     MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it. Buffers named in
     ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`). ``materialise_max``:
-    the bias entries (heads x q_len x k_len) up to which :func:`posenc.attention` materialises the bias on
-    the CPU instead of running :meth:`blocked_attention`, where that measured faster for the class
-    (``posenc bench --only crossover``).
+    the scores (batch x heads x q_len x k_len) up to which :func:`posenc.attention` materialises the bias on
+    the CPU while its parameters are being trained, instead of running :meth:`blocked_attention`, where that
+    measured faster for the class (``posenc bench --only crossover``).
     """
 
     per_tile: bool = False
@@ -96,6 +97,13 @@ class ScoreBias(KeepsPrecision):
         device = self._device()
         q_pos = torch.arange(k_len - q_len, k_len, device=device)
         k_pos = torch.arange(k_len, device=device)
+        if not self.per_tile:
+            # a table bias takes each of its 2 k_len - 1 distances once and gathers them: evaluating the
+            # table at all q_len x k_len scores (Sandwich: a sum of cosines each) was most of the
+            # materialised path's time, and the gather's backward sums dS per distance
+            return self.distance_table(k_len, causal=causal, device=device)[
+                :, q_pos[:, None] - k_pos + k_len - 1
+            ]
         out = self.tile(q_pos, k_pos)
         if causal:
             out = out.masked_fill((k_pos[None, :] > q_pos[:, None])[None], -math.inf)
