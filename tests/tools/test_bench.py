@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+import posenc
 from posenc.cli import main
 from posenc.tools.benchmarks import attention, biases, memory, remaps, rope
 from posenc.tools.benchmarks.presets import PRESETS
@@ -290,3 +291,22 @@ def test_peers_rows_compare_posenc_with_each_peer_that_agrees(monkeypatch):
         if "skipped" not in r:
             assert r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"] and r["max_abs_diff_float64"] < 1e-5
     assert "transformers compiled" in peers.peers_table(rows)
+
+
+def test_crossover_rows_time_both_cpu_paths_of_every_table_and_tile_bias():
+    """Each row times the materialised bias and the blocked kernel on the same inputs, and the two paths
+    compute the same attention (so the ratio compares like with like)."""
+    from posenc.tools.benchmarks import crossover
+
+    row = crossover.measure("T5Bias", "decode", 2, 4, 8, (3, 40), "forward+backward", 1)
+    assert row["scores"] == 2 * 4 * 3 * 40 and row["q_len"] == 3 and row["seq"] == 40
+    assert row["blocked_over_materialised"] == row["blocked_seconds"] / row["materialised_seconds"] > 0
+    bias = posenc.FireBias(4, train_len=64)
+    q, k, v = (torch.randn(2, 4, n, 8, dtype=torch.float64) for n in (5, 40, 40))
+    paths = crossover._paths(bias.double())
+    torch.testing.assert_close(paths["materialised"](q, k, v), paths["blocked"](q, k, v), rtol=0, atol=1e-12)
+    rows = crossover.run(quick=True)
+    kinds = {name for name, (kind, _, _) in biases.BIASES.items() if kind != "content"}
+    assert {r["bias"] for r in rows} == kinds
+    assert {r["family"] for r in rows} == {"lab", "model", "decode"}
+    assert crossover.crossover_table(rows).count("\n") == len(rows) + 1

@@ -7,10 +7,10 @@ For every table and tile bias, at short and middle lengths, the two CPU paths of
   batch shares it); forward + backward takes the bias's parameter gradients through it;
 * ``blocked``: the bias's own ``blocked_attention`` (O(L) memory per head).
 
-Two shape families: the laboratory's training shape (batch 16, 8 heads of 16) and a model's (batch 1, 8
-heads of 64). The ratio blocked / materialised per row, and per bias the largest heads x L^2 at which
-materialising was faster, are what ``posenc.attention`` reads its per-bias thresholds from
-(``ScoreBias.materialise_max``; docs/fast-paths.md has the table).
+Three shape families: the laboratory's training shape (batch 16, 8 heads of 16), a model's prefill (batch 1,
+8 heads of 64), and decoding (a few queries against a cache of keys, batch 1 and 16, forward only). The
+ratio blocked / materialised per row is what ``posenc.attention``'s choice (``attention.bias_backend``:
+``DECODE_QUERIES``, ``ScoreBias.materialise_max``) was read from; docs/fast-paths.md has the table.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from .biases import BIASES, _call
 from .report import Column, number, table
 from .timing import interleaved_times
 
-# (family, batch, heads, head_dim, lengths); quick: one short length each
+# (family, batch, heads, head_dim, (q_len, k_len) pairs, modes); quick: the first pair of each
 SHAPES = (
-    ("lab", 16, 8, 16, (64, 128, 256, 512)),
-    ("model", 1, 8, 64, (256, 512, 1024, 2048)),
+    ("lab", 16, 8, 16, tuple((n, n) for n in (64, 128, 256, 512)), ("forward", "forward+backward")),
+    ("model", 1, 8, 64, tuple((n, n) for n in (256, 512, 1024, 2048)), ("forward", "forward+backward")),
+    ("decode", 1, 8, 64, ((1, 512), (16, 512), (64, 512), (1, 4096)), ("forward",)),
+    ("decode", 16, 8, 64, ((1, 512), (16, 512), (64, 512)), ("forward",)),
 )
 MODES = ("forward", "forward+backward")
 
@@ -45,24 +47,27 @@ def _paths(bias) -> dict:
     return {"materialised": materialised, "blocked": blocked}
 
 
-def measure(name: str, family: str, batch: int, heads: int, dim: int, seq: int, mode: str, repeat: int):
-    """One row: seconds of each path (medians of ``repeat`` round-robin calls) and their ratio."""
+def measure(name: str, family: str, batch: int, heads: int, dim: int, lengths, mode: str, repeat: int):
+    """One row: seconds of each path (medians of ``repeat`` round-robin calls) and their ratio.
+    ``lengths``: (q_len, k_len); the queries are the last q_len positions."""
+    q_len, k_len = lengths
     bias = BIASES[name][1](heads, dim)
     params = tuple(p for p in bias.parameters() if p.requires_grad)
-    gen = torch.Generator().manual_seed(seq)
-    qkv = tuple(
-        torch.randn(batch, heads, seq, dim, generator=gen).requires_grad_(mode != "forward") for _ in range(3)
-    )
-    calls = {path: _call(fn, qkv, params, mode) for path, fn in _paths(bias).items()}
+    gen = torch.Generator().manual_seed(k_len)
+    grad = mode != "forward"
+    q = torch.randn(batch, heads, q_len, dim, generator=gen).requires_grad_(grad)
+    k, v = (torch.randn(batch, heads, k_len, dim, generator=gen).requires_grad_(grad) for _ in range(2))
+    calls = {path: _call(fn, (q, k, v), params, mode) for path, fn in _paths(bias).items()}
     times = {p: statistics.median(ts) for p, ts in interleaved_times(calls, repeat, warmup=1).items()}
     return {
         "bias": name,
         "family": family,
         "batch": batch,
         "heads": heads,
-        "seq": seq,
+        "q_len": q_len,
+        "seq": k_len,
         "mode": mode,
-        "entries": heads * seq * seq,
+        "scores": batch * heads * q_len * k_len,
         "materialised_seconds": times["materialised"],
         "blocked_seconds": times["blocked"],
         "blocked_over_materialised": times["blocked"] / times["materialised"],
@@ -70,16 +75,16 @@ def measure(name: str, family: str, batch: int, heads: int, dim: int, seq: int, 
 
 
 def run(quick: bool = False, repeat: int | None = None) -> list[dict]:
-    """Every (bias, shape, length, mode) row; ``quick``: the shortest length of each family only."""
+    """Every (bias, shape, lengths, mode) row; ``quick``: the first lengths of each family only."""
     repeat = repeat or (1 if quick else 5)
     rows = []
     for name, (kind, _, _) in BIASES.items():
         if kind == "content":  # no bias to materialise
             continue
-        for family, batch, heads, dim, lengths in SHAPES:
-            for seq in lengths[:1] if quick else lengths:
-                for mode in MODES:
-                    rows.append(measure(name, family, batch, heads, dim, seq, mode, repeat))
+        for family, batch, heads, dim, pairs, modes in SHAPES:
+            for lengths in pairs[:1] if quick else pairs:
+                for mode in modes:
+                    rows.append(measure(name, family, batch, heads, dim, lengths, mode, repeat))
     return rows
 
 
@@ -88,9 +93,10 @@ def crossover_table(rows: list[dict]) -> str:
         Column("bias", -16, lambda r: r["bias"]),
         Column("shape", -6, lambda r: r["family"]),
         Column("B", 3, lambda r: str(r["batch"])),
-        Column("L", 5, lambda r: str(r["seq"])),
+        Column("q_len", 5, lambda r: str(r["q_len"])),
+        Column("k_len", 5, lambda r: str(r["seq"])),
         Column("mode", -17, lambda r: r["mode"]),
-        Column("heads*L^2", 10, lambda r: str(r["entries"])),
+        Column("B*H*q*k", 10, lambda r: str(r["scores"])),
         Column("materialised s", 15, lambda r: number(r["materialised_seconds"], ".4g")),
         Column("blocked s", 10, lambda r: number(r["blocked_seconds"], ".4g")),
         Column("blocked/mat", 12, lambda r: number(r["blocked_over_materialised"], ".2f")),
