@@ -94,9 +94,9 @@ def choose_path(
         inplace: the outputs are the inputs.
         conjugate: the backward pass (a rotation by -theta).
     """
-    if _checks.tracing() or (
-        torch.is_grad_enabled() and (conjugate or (cos is not None and cos.requires_grad))
-    ):
+    if _checks.tracing():
+        return Path.EAGER
+    if (conjugate or (cos is not None and cos.requires_grad)) and torch.is_grad_enabled():
         return Path.EAGER
     first, last = xs[0], xs[-1]  # one tensor, or q and k
     if (
@@ -139,10 +139,11 @@ def run(
     """
     if inplace and path is not Path.EAGER:
         check_inplace(zip(names, xs, strict=True))
+    if path is Path.SMALL:  # first, and spelled out: a decode step's whole cost is calls like these
+        first = rotate_small(xs[0], rows[0], layout, inplace)
+        return (first,) if len(xs) == 1 else (first, rotate_small(xs[1], rows[1], layout, inplace))
     if path is Path.EAGER:
         outs = tuple(map(rotate_eager, xs, repeat(cos), repeat(sin), repeat(layout)))
-    elif path is Path.SMALL:
-        return tuple(map(rotate_small, xs, rows, repeat(layout), repeat(inplace)))
     elif inplace:
         return _rotation(path, cos, sin, layout, xs, inplace=True)
     else:
