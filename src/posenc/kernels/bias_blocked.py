@@ -12,9 +12,10 @@ Queries go in blocks of n; each block is one call of
 * a **tile** bias (FIRE) computes its (heads, n, keys) block; blocks are sized so it stays small.
 
 The kernel returns each block's log-sum-exp; backward calls the kernel's own backward per block with the saved
-output and log-sum-exp. Learnable biases get exact gradients from each block's score gradient
-dS = P * (dO V^T - rowsum(dO * O)), recomputed in plain torch: for a table, table entry t collects the sum of
-dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, autograd of the
+output and log-sum-exp. Learnable biases need each block's score gradient dS = P * (dO V^T - rowsum(dO * O)),
+which the kernel does not return: for them the whole block backward runs in plain torch from P (recomputed
+from the saved log-sum-exp) and dS, five matmuls as in the kernel; for a table, table entry t collects the sum
+of dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, autograd of the
 recomputed tile against dS.
 
 Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache
@@ -37,20 +38,25 @@ from .blocked_common import work_dtype as _work_dtype
 MAX_BLOCK = 512
 # Backward with learnable biases and tile biases hold a few (batch, heads, n, keys) temporaries per block;
 # n is capped so that together they stay within TEMP_ELEMS floats (32 MiB of float32). Larger blocks mean
-# fewer ops (docs/relative-biases.md has the measurement).
+# fewer ops (docs/relative-biases.md has the measurement). A table bias's backward holds only P and dS per
+# score, so it takes a larger budget: at long L the smaller one left it a few queries per block, whose
+# small matmuls set its time (docs/fast-paths.md).
 TEMP_ELEMS = 1 << 23
+TABLE_BACKWARD_ELEMS = 1 << 25
 
 
 def _pow2_floor(x: int) -> int:
     return 1 << max(0, int(x).bit_length() - 1)
 
 
-def default_block(batch: int, heads: int, q_len: int, k_len: int, width: int, temporaries: bool) -> int:
+def default_block(
+    batch: int, heads: int, q_len: int, k_len: int, width: int, temporaries: bool, budget: int = TEMP_ELEMS
+) -> int:
     """Queries per block: MAX_BLOCK, or fewer so that ``width`` temporaries of (batch, heads, n, k_len) stay
-    within TEMP_ELEMS."""
+    within ``budget`` elements."""
     n = MAX_BLOCK
     if temporaries:
-        n = min(n, max(16, _pow2_floor(TEMP_ELEMS // max(1, batch * heads * k_len * width))))
+        n = min(n, max(16, _pow2_floor(budget // max(1, batch * heads * k_len * width))))
     return max(1, min(n, q_len))
 
 
@@ -181,15 +187,16 @@ class BlockedBiasAttention(torch.autograd.Function):
                 lse[:, :, t0:t1].contiguous(),
             )
             kb, vb = kr[:, :, lk - kend :], vr[:, :, lk - kend :]
-            dqp, dkp, dvp = _flash_bwd(gob, qb, kb, vb, ob, lb, 0.0, False, attn_mask=mask, scale=ctx.scale)
+            if want:  # the bias needs dS, so the whole block's backward is done here, from P and dS
+                dqp, dkp, dvp, ds = _backward_with_ds(qb, kb, vb, gob, ob, lb, mask, ctx.scale)
+                spec.accumulate(grads, p0, t1 - t0, kend, ds.sum(0))
+            else:
+                dqp, dkp, dvp = _flash_bwd(
+                    gob, qb, kb, vb, ob, lb, 0.0, False, attn_mask=mask, scale=ctx.scale
+                )
             dq[:, :, t0:t1] = dqp
             dkr[:, :, lk - kend :] += dkp
             dvr[:, :, lk - kend :] += dvp
-            if want:  # dS = P * (dO V^T - rowsum(dO * O)), P recomputed from the saved log-sum-exp
-                p = torch.exp(torch.matmul(qb, kb.transpose(-1, -2)) * ctx.scale + mask - lb[..., None])
-                delta = (gob * ob).sum(-1, keepdim=True)
-                ds = p * (torch.matmul(gob, vb.transpose(-1, -2)) - delta)
-                spec.accumulate(grads, p0, t1 - t0, kend, ds.sum(0))
         dk, dv_ = dkr.flip(2)[..., :d], dvr.flip(2)[..., :dv]
         if h != hk:  # fold the expanded heads back onto their kv head
             dk = dk.unflatten(1, (hk, h // hk)).sum(2)
@@ -198,6 +205,22 @@ class BlockedBiasAttention(torch.autograd.Function):
             [g.to(x.dtype) for g, x in zip(grads, inputs, strict=True)] if want else [None] * len(inputs)
         )
         return dq[..., :d].to(q_dtype), dk.to(k_dtype), dv_.to(v_dtype), None, None, None, None, *input_grads
+
+
+def _backward_with_ds(qb, kb, vb, gob, ob, lb, mask, scale: float):
+    """One block's backward in plain torch, returning its score gradient too: (dq, dk, dv, dS).
+
+    P = exp(S - lse) from the saved log-sum-exp, dS = P * (dO V^T - rowsum(dO * O)), then dq = dS K scale,
+    dk = dS^T Q scale, dv = P^T dO: five matmuls, as many as the flash kernel's backward, which cannot hand
+    dS out (calling it as well and recomputing P and dO V^T beside it cost two more and most of the time).
+    """
+    p = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale).add_(mask).sub_(lb[..., None]).exp_()
+    delta = (gob * ob).sum(-1, keepdim=True)
+    ds = torch.matmul(gob, vb.transpose(-1, -2)).sub_(delta).mul_(p)
+    dq = torch.matmul(ds, kb).mul_(scale)
+    dk = torch.matmul(ds.transpose(-1, -2), qb).mul_(scale)
+    dv = torch.matmul(p.transpose(-1, -2), gob)
+    return dq, dk, dv, ds
 
 
 def _check(q, k, v, bias, block) -> None:
@@ -229,7 +252,9 @@ def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float |
     if block is None:
         blocks = (
             default_block(1, 1, lq, lk, width, bias.per_tile),
-            default_block(b, h, lq, lk, 4 + width, True),
+            default_block(
+                b, h, lq, lk, 4 + width, True, TEMP_ELEMS if bias.per_tile else TABLE_BACKWARD_ELEMS
+            ),
         )
     else:
         blocks = (block, block)
