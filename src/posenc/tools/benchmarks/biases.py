@@ -119,11 +119,11 @@ def _first_call_peak(fn: Callable[[], object], device, peaks: dict, name: str) -
 
 
 def _cases(name: str, heads: int, dim: int, device, materialise: bool):
-    """What one row times: (kind, the bias's trainable parameters, {case: fn(q, k, v)}). "sdpa causal" alone
-    is the floor; a bias runs as "posenc" beside the floor, and as "sdpa+bias" (its materialised bias) when
-    ``materialise`` and it is no content scheme (those have no bias to materialise)."""
+    """What one row times: (kind, the bias, its trainable parameters, {case: fn(q, k, v)}). "sdpa causal"
+    alone is the floor; a bias runs as "posenc" beside the floor, and as "sdpa+bias" (its materialised bias)
+    when ``materialise`` and it is no content scheme (those have no bias to materialise)."""
     if name == "sdpa causal":
-        return None, (), {"sdpa causal": attend("sdpa causal", None)}
+        return None, None, (), {"sdpa causal": attend("sdpa causal", None)}
     _check("bias", name, BIASES)
     kind = BIASES[name][0]
     bias = BIASES[name][1](heads, dim).to(device)
@@ -133,7 +133,7 @@ def _cases(name: str, heads: int, dim: int, device, materialise: bool):
         fns["sdpa+bias"] = lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=materialised_bias(bias, q.shape[2]).to(q.dtype)
         )
-    return kind, params, fns
+    return kind, bias, params, fns
 
 
 def measure(
@@ -155,7 +155,7 @@ def measure(
     """
     _check("mode", mode, MODES)
     floor_only = name == "sdpa causal"
-    kind, params, fns = _cases(name, heads, dim, device, materialise)
+    kind, bias, params, fns = _cases(name, heads, dim, device, materialise)
     materialise = "sdpa+bias" in fns
     grad = mode != "forward"
 
@@ -179,7 +179,7 @@ def measure(
     out = {
         "seconds": times["posenc"],
         "peak_bytes": peaks["posenc"],
-        "backend": "query-blocked" if kind == "content" else bias_backend(full[0], full[1]),
+        "backend": "query-blocked" if kind == "content" else _backend(full, bias, grad),
         "sdpa_causal_seconds": floor,
         "x_causal_sdpa": times["posenc"] / floor,
     }
@@ -190,6 +190,12 @@ def measure(
             sdpa_bias_x_causal_sdpa=times["sdpa+bias"] / floor,
         )
     return out
+
+
+def _backend(qkv, bias, grad: bool) -> str:
+    """The path posenc.attention took for this row's bias (it depends on whether the call trains it)."""
+    with torch.set_grad_enabled(grad):
+        return bias_backend(qkv[0], qkv[1], bias)
 
 
 def _measured(name, mode, seq, heads, dim, repeat, device, dtype, materialise) -> dict:
