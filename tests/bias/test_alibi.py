@@ -91,8 +91,10 @@ def test_alibi_bias_is_the_score_bias_of_its_table_bit_for_bit(n_heads, q_len, e
         g = torch.randn(got.shape).masked_fill(torch.isinf(got), 0.0)
         (grad,) = torch.autograd.grad(got, alibi.log_slopes, g, allow_unused=True)
         (grad_want,) = torch.autograd.grad(want, alibi.log_slopes, g, allow_unused=True)
-        # the generic lookup sums dS per distance before the slope's chain rule: float32 order, not value
-        torch.testing.assert_close(grad, grad_want, rtol=1e-5, atol=0)
+        # the generic lookup sums dS per distance before the slope's chain rule: the same terms g * b (b's
+        # derivative in log m is b itself) in another float32 order, so they agree to rounding of their sum
+        terms = (g * got.masked_fill(torch.isinf(got), 0.0)).abs().sum(dim=(1, 2))
+        assert ((grad - grad_want).abs() <= 1e-5 * terms).all(), (grad, grad_want, terms)
 
 
 def test_alibi_state_dict_keys_are_unchanged_and_old_checkpoints_load():
