@@ -71,3 +71,14 @@ def make_bias(name: str, n_heads: int):
 
 
 NAMES = ["t5", "t5-bidirectional", "kerple-log", "kerple-power", "sandwich", "fire"]
+
+
+def assert_same_gradients(got, want, params, atol: float = 1e-10) -> None:
+    """The gradients of ``got`` and ``want`` (two computations of one output) with respect to ``params``
+    agree to ``atol`` for one random float64 output gradient."""
+    import torch
+
+    grad = torch.randn(got.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    got_grads, want_grads = torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=atol)

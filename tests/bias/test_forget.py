@@ -17,6 +17,7 @@ from posenc import reference as R
 
 from ..peak_memory import peak_rise_mib
 from ..qkv import draw_shapes, random_qkv
+from .oracles import assert_same_gradients
 
 
 @st.composite
@@ -93,19 +94,14 @@ def test_gradients_match_materialised_float64(c):
     got = posenc.forgetting_attention(q, k, v, log_f, scale=c["scale"], block=c["block"])
     want = materialised(q, k, v, log_f, c["scale"])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    params = [q, k, v, log_f]
-    grad = torch.randn(got.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    got_grads, want_grads = torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+    assert_same_gradients(got, want, [q, k, v, log_f])
 
 
 @pytest.mark.parametrize("block", [2, None])
 def test_gradcheck(block):
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(1, 1, 7, 4, generator=gen, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(1, 1, 7, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    shape = dict(batch=1, heads=2, kv_heads=1, q_len=5, k_len=7, head_dim=4, v_dim=3)
+    q, k, v = random_qkv(shape, torch.float64, grad=True)
     logit = torch.randn(1, 2, 7, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda q, k, v, logit: posenc.forgetting_attention(

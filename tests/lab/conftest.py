@@ -52,3 +52,26 @@ def corpus(corpus_dir, cache_dir):
     from posenc.lab.data import load_corpus
 
     return load_corpus(corpus_dir, cache_dir=cache_dir)
+
+
+def train_hidden_terms(m, steps: int = 6, seed: int = 2) -> list[float]:
+    """``steps`` AdamW steps of the lab model ``m`` on random bytes; every parameter of its hidden-state
+    terms (:attr:`posenc.lab.encoding.Encoding.hidden_terms`) must get a non-zero gradient each step.
+    Returns the losses."""
+    import math
+
+    import torch
+
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    x = torch.randint(0, 256, (4, 17), generator=torch.Generator().manual_seed(seed))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = m.loss(x[:, :-1], x[:, 1:])
+        loss.backward()
+        grads = [p.grad for t in m.hidden_terms for p in t.parameters()]
+        assert all(g is not None and bool(g.abs().sum() > 0) for g in grads)
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses), losses
+    return losses

@@ -16,6 +16,8 @@ from posenc.lab.config import GPTConfig
 from posenc.lab.evaluate import perplexities
 from posenc.lab.model import GPT, KVCache, _per_layer
 
+from .conftest import train_hidden_terms
+
 
 def model(encoding="banded", seed=0, max_len=16, n_layer=2):
     torch.manual_seed(seed)
@@ -94,19 +96,9 @@ def test_a_layer_attends_as_the_reference_with_tau_on_q_and_r_past_the_training_
 
 def test_r_and_p_are_parameters_of_each_layer_and_the_scheme_trains_a_few_steps():
     m = model().train()
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    x = ids(4, 17, seed=2)
     before = [t.module.table.detach().clone() for t in m.hidden_terms]
-    losses = []
-    for _ in range(6):
-        opt.zero_grad()
-        loss = m.loss(x[:, :-1], x[:, 1:])
-        loss.backward()
-        grads = [p.grad for t in m.hidden_terms for p in t.parameters()]
-        assert all(g is not None and bool(g.abs().sum() > 0) for g in grads)
-        opt.step()
-        losses.append(loss.item())
-    assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0] - 0.1, losses
+    losses = train_hidden_terms(m)
+    assert losses[-1] < losses[0] - 0.1, losses
     assert all(not torch.equal(a, t.module.table) for a, t in zip(before, m.hidden_terms, strict=True))
 
 

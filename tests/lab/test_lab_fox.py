@@ -13,6 +13,8 @@ from posenc.lab.config import GPTConfig
 from posenc.lab.evaluate import perplexities
 from posenc.lab.model import GPT, KVCache
 
+from .conftest import train_hidden_terms
+
 
 def model(encoding, seed=0, max_len=16, n_layer=2):
     torch.manual_seed(seed)
@@ -66,17 +68,7 @@ def test_the_gates_are_parameters_of_each_layer_and_learn():
         f"hidden_terms.{i}.module.proj.{p}" for i in (0, 1) for p in ("weight", "bias")
     ]
     assert all(bool((t.module.proj.bias == 0).all()) for t in m.hidden_terms)  # the authors' init
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    x = ids(4, 17, seed=2)
-    losses = []
-    for _ in range(6):
-        opt.zero_grad()
-        loss = m.loss(x[:, :-1], x[:, 1:])
-        loss.backward()
-        grads = [p.grad for t in m.hidden_terms for p in t.parameters()]
-        assert all(g is not None and bool(g.abs().sum() > 0) for g in grads)
-        opt.step()
-        losses.append(loss.item())
+    losses = train_hidden_terms(m)
     assert losses[-1] < losses[0] - 0.1, losses
     assert any(bool((t.module.proj.bias != 0).any()) for t in m.hidden_terms)
 
