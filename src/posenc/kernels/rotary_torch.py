@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from .blocked_common import work_dtype as _work_dtype
+
 # Elements (leading dims x rows x rotary_dim) per block: 2 MiB of float32, so a block of x, of out and the
 # scratch stay in L3. Larger than L2 on purpose: every op pays a thread barrier, so fewer, larger ops win
 # (measurements: docs/fast-paths.md).
@@ -94,10 +96,6 @@ def rotate_small(
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-def _work_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def complex_viewable(x: torch.Tensor) -> bool:
     """True when the rotary slice of x can be reinterpreted as complex numbers without a copy."""
     if x.stride(-1) != 1 or x.storage_offset() % 2:
@@ -127,7 +125,7 @@ def prepare(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Te
         out[..., 2 * h :].copy_(x[..., 2 * h :])
     if x.numel() == 0 or h == 0:
         return None
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    work = _work_dtype(x.dtype)
     return cos.to(work), (-sin if conjugate else sin).to(work)
 
 

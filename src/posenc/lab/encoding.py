@@ -15,6 +15,7 @@ from torch import nn
 
 import posenc
 from posenc.bias.base import ScoreBias
+from posenc.lab.checks import check_number
 from posenc.lab.errors import LabError
 
 __all__ = ["Encoding", "KeyTerm", "QueryScale", "QueryTerm", "floored_log_length"]
@@ -40,12 +41,7 @@ class QueryScale:
     def __post_init__(self):
         if not callable(self.length):
             raise LabError(f"QueryScale length={self.length!r} must be a function of the key counts n")
-        if (
-            isinstance(self.init, bool)
-            or not isinstance(self.init, (int, float))
-            or not math.isfinite(self.init)
-        ):
-            raise LabError(f"QueryScale init={self.init!r} must be a finite number (s at the start)")
+        check_number("QueryScale init", self.init, finite=True, why="s at the start")
 
     def factor(self, s, keys_seen: torch.Tensor) -> torch.Tensor:
         """(heads, q_len) factors for queries that see ``keys_seen`` (q_len,) keys; ``s`` (heads,) or a

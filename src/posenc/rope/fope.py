@@ -44,6 +44,8 @@ from torch import nn
 
 from .. import _checks
 from .._precision import KeepsPrecision
+from ..kernels import apply_rotary
+from ..kernels.blocked_common import work_dtype
 from .checks import check_pair, check_x, key_positions
 
 __all__ = ["FoPE", "fope_frequencies"]
@@ -159,7 +161,7 @@ class FoPE(KeepsPrecision):
         _checks.non_negative_int("offset", offset)
         if positions is None:
             positions, offset = torch.arange(offset, offset + x.shape[-2], device=x.device), 0
-        cos, sin = self.cos_sin(positions, offset, _table_dtype(x))
+        cos, sin = self.cos_sin(positions, offset, work_dtype(x.dtype))
         return _transform(x, cos, sin, self.heads, self.layout)
 
     def forward(self, q, k, positions=None, offset: int = 0, *, k_positions=None):
@@ -219,13 +221,11 @@ def _draw(fope: FoPE, n_freqs: int, generator) -> torch.Tensor:
     )
 
 
-def _table_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _transform(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, layout: str):
-    """(a, b) -> (a C - b S, a S + b C) per pair, C and S (..., heads, seq, head_dim/2), in the table's
-    dtype; a query head shares its key head's tables when it has ``heads`` times more heads."""
+    """(a, b) -> (a C - b S, a S + b C) per pair, C and S (..., heads, seq, head_dim/2), on RoPE's kernels
+    (:func:`posenc.kernels.apply_rotary`: they take any C, S, and their backward, the map with S negated, is
+    the transpose of this one whether or not C^2 + S^2 = 1); a query head shares its key head's tables when
+    it has ``heads`` times more heads."""
     n = x.shape[-3]
     if n != heads:
         if n % heads:
@@ -234,12 +234,4 @@ def _transform(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
                 "multiple of it (grouped-query attention)"
             )
         cos, sin = cos.repeat_interleave(n // heads, -3), sin.repeat_interleave(n // heads, -3)
-    y = x.to(cos.dtype)
-    half = x.shape[-1] // 2
-    if layout == "interleaved":
-        a, b = y[..., 0::2], y[..., 1::2]
-        out = torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2)
-    else:
-        a, b = y[..., :half], y[..., half:]
-        out = torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
-    return out.to(x.dtype)
+    return apply_rotary(x, cos, sin, layout=layout)
