@@ -126,8 +126,8 @@ def test_unsupported_keys_and_values_are_named():
     base = {"model_type": "llama", "num_hidden_layers": 2, "head_dim": 16}
     with pytest.raises(ValueError, match="'rope_magic'"):
         position_plan({**base, "rope_magic": 3})
-    with pytest.raises(ValueError, match="'linear_attention'"):
-        position_plan({**base, "layer_types": ["full_attention", "linear_attention"]})
+    with pytest.raises(ValueError, match="'indexed_attention'"):
+        position_plan({**base, "layer_types": ["full_attention", "indexed_attention"]})
     with pytest.raises(ValueError, match="rope_type"):
         position_plan({**base, "rope_scaling": {"rope_type": "warp", "factor": 2.0}})
     with pytest.raises(ValueError, match="no_rope_layers"):

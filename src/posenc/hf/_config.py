@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
 from ..rope import RotaryEmbedding
 from ..rope.frequencies import METHODS
-from .families import having
+from .families import family, having
 
 __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 
@@ -21,7 +21,14 @@ INTERLEAVED_MODEL_TYPES = frozenset(having("pairs"))
 
 def _get(config, *names, default=None):
     for name in names:
-        value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        try:
+            value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+        except RuntimeError as e:
+            # transformers' heterogeneous configs refuse a global read of a per-layer key
+            raise ValueError(
+                f"config's {name} differs from layer to layer (per_layer_config), which posenc does not read "
+                f"here: {e}"
+            ) from None
         if value is not None:
             return value
     return default
@@ -45,19 +52,27 @@ _ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_pct", "ro
 _ROPE_MODEL_TYPES = frozenset(having("rope_implied"))
 
 
-def rope_settings(config) -> dict:
+def rope_settings(config, *, read_elsewhere: Collection[str] = ()) -> dict:
     """The keyword arguments of :class:`posenc.RotaryEmbedding` a transformers config describes.
 
     Follows ``RotaryEmbeddingConfigMixin.standardize_rope_params``: ``rope_parameters`` or the older
     ``rope_scaling`` + ``rope_theta``; partial rotary from the dict, ``partial_rotary_factor``, GPT-NeoX's
     ``rotary_pct`` or GPT-J's ``rotary_dim``; a top-level ``original_max_position_embeddings`` (Phi-3)
     takes precedence, else it defaults to max_position_embeddings for llama3 / yarn / longrope.
+
+    Every key of the RoPE dict is accounted for, the one check behind both :func:`rotary_from_config`
+    (and so ``patch_model``) and ``position_plan``: the frequency method's own keys, a copy of
+    ``max_position_embeddings`` (which transformers' RoPE code never reads there), HunYuan's ``alpha``,
+    and the keys the caller reads itself (``read_elsewhere``: M-RoPE's sections, a length temperature).
+    Any other key raises a ValueError naming it, before any work.
     """
     config = _rope_config(config)
     model_type = _get(config, "model_type", default="")
     head_dim = _head_dim(config)
     max_pos = _get(config, "max_position_embeddings", "n_positions")
     params = _rope_parameters(config)
+    for key in ("max_position_embeddings", *read_elsewhere):
+        params.pop(key, None)
     theta = params.pop("rope_theta", None) or _get(config, "rope_theta", "rotary_emb_base", default=10000.0)
     prf = params.pop("partial_rotary_factor", None) or _get(
         config, "partial_rotary_factor", "rotary_pct", default=1.0
@@ -66,6 +81,9 @@ def rope_settings(config) -> dict:
     params.pop("type", None)
     if model_type == "phi3" and rope_type in ("su", "yarn"):
         rope_type = "longrope"  # Phi3Config renames these, as transformers does
+    if family(model_type).ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
+        # HunYuan's checkpoints label static NTK "dynamic"; its code reads alpha and ignores the factor
+        rope_type, params = "ntk", {"factor": params["alpha"]}
     if rope_type in ("llama3", "yarn", "longrope"):
         top = _get(config, "original_max_position_embeddings")
         if top is not None:
@@ -120,17 +138,34 @@ def _rope_parameters(config) -> dict:
 
 
 def _scaling(rope_type: str, params: dict, prf: float) -> dict | None:
-    """RotaryEmbedding's ``scaling`` for a method and its remaining parameters (None: plain RoPE)."""
-    if rope_type == "default":
-        return None
+    """RotaryEmbedding's ``scaling`` for a method and its remaining parameters (None: plain RoPE), each key
+    checked against what the method takes."""
     if rope_type not in METHODS:
         raise ValueError(
             f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
         )
+    method = METHODS[rope_type]
+    unknown = sorted(set(params) - set(method.required) - set(method.optional))
+    if unknown:
+        raise ValueError(
+            f"config's RoPE parameters have {', '.join(map(repr, unknown))}, which posenc does not know for "
+            f"rope_type {rope_type!r} (it takes {sorted({*method.required, *method.optional}) or 'no keys'} "
+            "besides rope_type, rope_theta and partial_rotary_factor): they would change positions in a way "
+            "posenc would not reproduce"
+        )
+    if rope_type == "default":
+        return None
     scaling = {"rope_type": rope_type, **params}
     if rope_type == "proportional":
         scaling["partial_rotary_factor"] = prf
     return scaling
+
+
+def temperature_keys(config) -> tuple[str, ...]:
+    """The RoPE-dict keys of a length temperature that ``config``'s model applies to its queries itself
+    (Ministral 3's and Mistral 4's ``llama_4_scaling_beta``): not part of its cos/sin."""
+    applies = family(_get(config, "model_type", default="")).length_temperature
+    return ("llama_4_scaling_beta",) if applies else ()
 
 
 def rotary_from_config(config) -> RotaryEmbedding:
@@ -141,5 +176,8 @@ def rotary_from_config(config) -> RotaryEmbedding:
         from transformers import AutoConfig
         rot = posenc.hf.rotary_from_config(AutoConfig.from_pretrained("meta-llama/Llama-3.1-8B"))
         q, k = rot(q, k)        # (batch, heads, seq, head_dim), Hugging Face's "half" pairing
+
+    A config with a query temperature in its RoPE dict (Ministral 3's) is refused: a RotaryEmbedding alone
+    cannot carry it (:func:`~posenc.hf.position_plan` describes both).
     """
     return RotaryEmbedding(**rope_settings(config))

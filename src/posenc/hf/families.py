@@ -56,6 +56,15 @@ class Family:
     attention: how its attention layers take cos/sin, for the families patched layer by layer.
     mrope: its M-RoPE (the composite model_type's entry).
     composite: its language model's config is its ``text_config``.
+    mla: its attention is DeepSeek's multi-head latent attention (DeepSeek-AI 2024,
+        arxiv.org/abs/2405.04434), read from its code: RoPE on the ``qk_rope_head_dim`` slice of q and of
+        one key head shared by all heads, softmax scale qk_head_dim^-1/2 times YaRN's
+        mscale(factor, mscale_all_dim)^2; the slice's pairing is "config" (``rope_interleave``, default
+        True: (2i, 2i+1)), "pairs" or "half" (its code fixes it).
+    length_temperature: its attention multiplies queries by 1 + beta ln(1 + floor(p / L0)), with beta the
+        ``llama_4_scaling_beta`` and L0 the ``original_max_position_embeddings`` of ``rope_parameters``.
+    ntk_alpha: its rotary module reads a "dynamic" ``rope_parameters`` with ``alpha`` as static NTK, base
+        times alpha^(d/(d-2)) (HunYuan).
     """
 
     model_type: str
@@ -66,6 +75,9 @@ class Family:
     attention: Attention | None = None
     mrope: MRopeFamily | None = None
     composite: bool = False
+    mla: str | None = None
+    length_temperature: bool = False
+    ntk_alpha: bool = False
 
 
 def _mrope(name: str, mrope: MRopeFamily, *, flat: bool = False) -> tuple[Family, Family]:
@@ -92,7 +104,28 @@ FAMILIES: tuple[Family, ...] = (
     Family("cohere", pairs=True, patched=True),
     Family("cohere2_moe", pairs=True, patched=True),
     Family("blt", pairs=True),
-    Family("deepseek_v2", pairs=True),
+    Family("deepseek_v2", pairs=True, mla="pairs"),  # e^(i angle) on pairs (2i, 2i+1)
+    Family("ministral3", length_temperature=True),
+    Family("hunyuan_v1_dense", ntk_alpha=True),
+    Family("hunyuan_v1_moe", ntk_alpha=True),
+    # DeepSeek's MLA, each read from its attention code (plans: the "mla" reader, by structure)
+    Family("deepseek_v32", mla="pairs"),
+    Family("mistral4", mla="config", length_temperature=True),
+    Family("mistral_large4", mla="pairs"),
+    Family("glm4_moe_lite", mla="config"),
+    Family("glm_moe_dsa", mla="pairs"),
+    Family("longcat_flash", mla="pairs"),
+    Family("axk1", mla="config"),
+    Family("axk2", mla="pairs"),
+    Family("youtu", mla="config"),
+    Family("bailing_hybrid", mla="pairs"),
+    Family("hy_v4", mla="half"),
+    Family("minicpm3", mla="half"),
+    # NoPE on full-attention layers whenever the config has a sliding window (EXAONE 4's rule)
+    Family("exaone4", plan="exaone4"),
+    Family("exaone_moe", plan="exaone4"),
+    Family("exaone4_5", composite=True),  # its text_config is an exaone4 config
+    Family("kolibri1", plan="exaone4"),
     # per-layer plans, patched layer by layer
     Family("cohere2", pairs=True, plan="cohere2", attention=Attention("pairs", fixed_rope="sliding_window")),
     Family("llama4", composite=True),
@@ -102,7 +135,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gemma3_text", plan="gemma3", attention=Attention("half")),
     Family("gemma4", composite=True),
     Family("gemma4_text", plan="gemma4", attention=Attention("half")),
-    Family("deepseek_v3", plan="deepseek_v3", attention=Attention("half")),
+    Family("deepseek_v3", plan="mla", attention=Attention("half"), mla="config"),
     # M-RoPE
     *_mrope("qwen2_vl", MRopeFamily((16, 24, 24)), flat=True),
     *_mrope("qwen2_5_vl", MRopeFamily((16, 24, 24)), flat=True),
@@ -110,8 +143,13 @@ FAMILIES: tuple[Family, ...] = (
     *_mrope("qwen3_vl_moe", MRopeFamily((24, 20, 20), interleaved=True)),
     *_mrope("glm4v", MRopeFamily((8, 12, 12), form="pairs")),  # over a partial rotary, as GLM-4V-MoE
     *_mrope("glm4v_moe", MRopeFamily((8, 12, 12))),
+    *_mrope("glm_image", MRopeFamily((8, 12, 12))),  # GLM-4V-MoE's rotary and attention
+    *_mrope("glm_ocr", MRopeFamily((8, 12, 12), form="pairs")),  # GLM-4V's
     *_mrope("paddleocr_vl", MRopeFamily((16, 24, 24))),
     *_mrope("cosmos3_edge", MRopeFamily((24, 20, 20), interleaved=True)),
+    # Qwen3.5: Qwen3-VL's interleaved M-RoPE over a partial rotary, in a hybrid with Gated DeltaNet layers
+    *_mrope("qwen3_5", MRopeFamily((11, 11, 10), interleaved=True)),
+    *_mrope("qwen3_5_moe", MRopeFamily((11, 11, 10), interleaved=True)),
 )
 
 _BY_TYPE = {f.model_type: f for f in FAMILIES}

@@ -17,7 +17,7 @@ import torch
 
 from ..rope import RotaryEmbedding
 from ..rope.table import call_context
-from .families import Attention, having
+from .families import Attention, family, having
 from .ledger import Ledger
 from .plan import LayerPlan, Rope
 
@@ -105,7 +105,7 @@ def _check_plan(plan, layers, adapter: Attention, config, expected) -> None:
     if len(plan) != len(layers):
         raise ValueError(f"plan has {len(plan)} layers, the model {len(layers)} attention layers")
     want_layout = "interleaved" if adapter.form in ("complex", "pairs") else "half"
-    if _model_type(config) == "deepseek_v3":
+    if family(_model_type(config)).mla == "config":  # DeepSeek V3's MLA pairs as rope_interleave says
         want_layout = "interleaved" if getattr(config, "rope_interleave", True) else "half"
     for lp, attn, ex in zip(plan, layers, expected, strict=True):
         if not isinstance(lp, LayerPlan):
@@ -142,6 +142,21 @@ def _check_plan(plan, layers, adapter: Attention, config, expected) -> None:
                 f"plan layer {lp.layer} has a query temperature, applied to q_proj's output; this layer "
                 "normalises its queries after q_proj, which would undo it"
             )
+
+
+def _check_linear(plan, expected) -> None:
+    """A hybrid's recurrent layers are where its config puts them, in any plan: posenc cannot turn one
+    into softmax attention or back."""
+    if len(plan) != len(expected):
+        raise ValueError(f"plan has {len(plan)} layers, the model's config {len(expected)}")
+    for lp, ex in zip(plan, expected, strict=True):
+        if (lp.attention == "linear") != (ex.attention == "linear"):
+            raise ValueError(
+                f"plan layer {lp.layer} is {lp.attention} attention; the model's layer {ex.layer} is "
+                f"{ex.attention} attention (a hybrid's linear-attention layers stay where they are)"
+            )
+        if lp.attention == "linear" and (lp.rope, lp.temperature, lp.scale) != (None, None, None):
+            raise ValueError(f"plan layer {lp.layer} is a linear-attention layer: it takes no positions")
 
 
 def _model_type(config) -> str:
@@ -187,6 +202,9 @@ def patch_layers(model, plan, config, expected, book: Ledger) -> None:
     module docstring."""
     adapter = ADAPTERS[_model_type(config)]
     layers = _attention_layers(model)
+    _check_linear(plan, expected)
+    plan = [lp for lp in plan if lp.attention != "linear"]  # the attention layers, in order
+    expected = [lp for lp in expected if lp.attention != "linear"]
     _check_plan(plan, layers, adapter, config, expected)
     rotaries = _rotary_modules(model)
     if not rotaries:

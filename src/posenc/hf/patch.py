@@ -14,7 +14,7 @@ import torch
 from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ..rope.table import call_context
-from ._config import _get, rope_settings, rotary_from_config
+from ._config import _get, rope_settings, rotary_from_config, temperature_keys
 from .families import having
 from .layers import ADAPTERS, patch_layers
 from .ledger import is_patched, ledger, undo
@@ -240,7 +240,7 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
                 f"layer type {layer_type!r}"
             )
         flat = {**base, **_type_head_dim(base, layer_type), "rope_parameters": dict(params[layer_type])}
-        settings = rope_settings(flat)
+        settings = rope_settings(flat, read_elsewhere=temperature_keys(flat))
         forward, layout = _resolve(module, form, settings, layer_type)
         rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
         _check_exact(module, rot, forward, name, model_type, layer_type)
@@ -335,28 +335,11 @@ def _recorded(model):
         raise
 
 
-# rope_parameters keys that the model's own attention code applies from the position ids (Ministral 3's
-# and Mistral 4's query temperature, as Llama 4's): patch_model leaves them to it, posenc gives cos/sin
-_APPLIED_BY_THE_MODEL = ("llama_4_scaling_beta",)
-
-
-def _cos_sin_config(config):
-    """``config`` without the rope_parameters keys its model applies itself (and without their copy of
-    max_position_embeddings, when it is the config's own)."""
-    params = _get(config, "rope_parameters")
-    if not isinstance(params, Mapping) or not any(k in params for k in _APPLIED_BY_THE_MODEL):
-        return config
-    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    kept = {k: v for k, v in params.items() if k not in _APPLIED_BY_THE_MODEL}
-    if kept.get("max_position_embeddings") == values.get("max_position_embeddings"):
-        kept.pop("max_position_embeddings")
-    return {**values, "rope_parameters": kept}
-
-
 def _own_rotary(module, name: str, model_type: str, config, form: str):
     """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the pairing),
     checked against what the module hands out itself (a ValueError unless exact)."""
-    settings = rope_settings(_cos_sin_config(config))
+    # a query temperature in the RoPE dict stays with the model's attention code, which applies it
+    settings = rope_settings(config, read_elsewhere=temperature_keys(config))
     forward, layout = _resolve(module, form, settings)
     rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
     _check_exact(module, rot, forward, name, model_type)
@@ -416,7 +399,7 @@ def _check_rotary(rotary, config, name: str, layout: str) -> None:
             f"rotary={type(rotary).__name__}(...) does more than rotate (xPos scales queries and keys too), "
             "which the cos/sin a model's rotary module hands out cannot carry; pass a posenc.RotaryEmbedding"
         )
-    want = {**rope_settings(config), "layout": layout}
+    want = {**rope_settings(config, read_elsewhere=temperature_keys(config)), "layout": layout}
     got = {"head_dim": rotary.head_dim, "rotary_dim": rotary.rotary_dim, "layout": rotary.layout}
     for key, value in got.items():
         if value != want[key]:

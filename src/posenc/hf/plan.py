@@ -13,11 +13,18 @@ encoding it gets (RoPE with which base, scaling and pairing; M-RoPE; none), whic
   their own head dimension.
 - Cohere2 (Command R7B / A): interleaved RoPE on sliding layers, none on global ones.
 - SmolLM3: ``no_rope_layers`` as Llama 4, without temperature or chunking.
-- DeepSeek V3 (MLA): RoPE on a decoupled qk_rope_head_dim slice, with one key head shared by all heads,
-  pairs interleaved when ``rope_interleave``; YaRN's mscale_all_dim squared multiplies the softmax scale.
+- Multi-head latent attention (DeepSeek V2/V3/V3.2, Mistral 4, GLM-4.7-Flash, LongCat-Flash, MiniCPM3,
+  ...), found by its config keys (``kv_lora_rank``, ``qk_rope_head_dim``): RoPE on the decoupled
+  qk_rope_head_dim slice, with one key head shared by all heads, paired as the family's code pairs it;
+  YaRN's mscale_all_dim squared multiplies the softmax scale.
+- EXAONE 4: RoPE on sliding-window layers, none on full-attention ones (all RoPE without a window).
+- Ministral 3 and Mistral 4: the query temperature 1 + beta ln(1 + floor(p / L0)) on every layer.
 - Qwen2-VL / Qwen2.5-VL (contiguous) and Qwen3-VL (interleaved) M-RoPE (:mod:`posenc.rope.mrope`).
 
 Anything else with a single RoPE (Llama, Qwen2, Mistral, Phi-3, ...) gets the same RoPE on every layer.
+Every key of the RoPE dict goes through the check of :func:`~posenc.hf.rope_settings` that
+``rotary_from_config`` and ``patch_model`` use too: a key no reader takes (``mrope_section`` in a family
+without an M-RoPE reader, a temperature in a family whose attention does not apply it) is refused.
 """
 
 from __future__ import annotations
@@ -30,12 +37,12 @@ import torch
 
 from ..rope import RotaryEmbedding
 from ..rope.mrope import MRotaryEmbedding
-from ._config import _get, _head_dim, rope_settings
-from .families import having
+from ._config import _get, _head_dim, rope_settings, temperature_keys
+from .families import family, having
 
 __all__ = ["LayerPlan", "QueryTemperature", "Rope", "position_plan"]
 
-ATTENTION = ("full", "sliding", "chunked")
+ATTENTION = ("full", "sliding", "chunked", "linear")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,27 +105,36 @@ class Rope:
 
 @dataclasses.dataclass(frozen=True)
 class QueryTemperature:
-    """Llama 4's position-dependent query scale for NoPE layers (Nakanishi 2025, arxiv.org/abs/2501.19399):
-    s(p) = log1p(floor((p + 1) / floor_scale)) * attn_scale + 1."""
+    """A position-dependent query scale, s(p) = log1p(floor((p + offset) / floor_scale)) * attn_scale + 1
+    (Nakanishi 2025, "Scalable-Softmax", arxiv.org/abs/2501.19399, in its log-of-blocks form).
+
+    Llama 4's NoPE layers: ``attn_scale``, ``floor_scale`` from the config, offset 1. Ministral 3 and
+    Mistral 4 (``llama_4_scaling_beta`` beta): 1 + beta ln(1 + floor(p / L0)), offset 0, L0 the
+    ``original_max_position_embeddings``, on every layer.
+    """
 
     attn_scale: float
     floor_scale: float
+    offset: float = 1.0
 
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """s(p) for positions (..., seq), float32, computed in float64."""
         p = positions.to(torch.float64)
-        return (torch.log1p(torch.floor((p + 1.0) / self.floor_scale)) * self.attn_scale + 1.0).float()
+        blocks = torch.floor((p + self.offset) / self.floor_scale)
+        return (torch.log1p(blocks) * self.attn_scale + 1.0).float()
 
     def __repr__(self) -> str:
-        return f"log1p(floor((p+1)/{self.floor_scale:g}))*{self.attn_scale:g}+1"
+        p = f"(p+{self.offset:g})" if self.offset else "p"
+        return f"log1p(floor({p}/{self.floor_scale:g}))*{self.attn_scale:g}+1"
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerPlan:
     """What one layer does with positions.
 
-    rope: the encoding, or None (NoPE). attention: "full", "sliding" (``window`` keys back) or "chunked"
-    (``window``-sized blocks). scale: the softmax scale multiplying q.k. temperature: a query temperature.
+    rope: the encoding, or None (NoPE). attention: "full", "sliding" (``window`` keys back), "chunked"
+    (``window``-sized blocks) or "linear" (a hybrid's recurrent layer, no softmax attention). scale: the
+    softmax scale multiplying q.k. temperature: a query temperature.
     shared_key: one rotated key head shared by all heads (DeepSeek's MLA).
     """
 
@@ -169,9 +185,11 @@ def _attention(layer_type: str, config) -> tuple[str, int | None]:
         return "chunked", _get(config, "attention_chunk_size")
     if layer_type == "full_attention":
         return "full", None
+    if layer_type == "linear_attention":
+        return "linear", None  # a recurrent layer of a hybrid (Gated DeltaNet, ...): no positions
     raise ValueError(
         f"config's layer_types entry {layer_type!r} is not supported; supported: 'full_attention', "
-        "'sliding_attention', 'chunked_attention'"
+        "'sliding_attention', 'chunked_attention', 'linear_attention'"
     )
 
 
@@ -207,9 +225,43 @@ def _layer_types(config, derived) -> list[str]:
 
 
 def _single_rope_plan(config, rope: Rope | None = None, scale=None) -> tuple[LayerPlan, ...]:
-    rope = rope or _rope(rope_settings(config))
+    temperature = _length_temperature(config)
+    rope = rope or _rope(rope_settings(config, read_elsewhere=temperature_keys(config)))
     types = _layer_types(config, ["full_attention"] * _n_layers(config))
-    return tuple(LayerPlan(i, rope, *_attention(t, config), scale=scale) for i, t in enumerate(types))
+    plans = (
+        LayerPlan(i, rope, *_attention(t, config), scale=scale, temperature=temperature)
+        for i, t in enumerate(types)
+    )
+    return tuple(_recurrent(lp) if lp.attention == "linear" else lp for lp in plans)
+
+
+def _recurrent(lp: LayerPlan) -> LayerPlan:
+    """A hybrid's linear-attention layer: a recurrence over the sequence, with no positional encoding."""
+    return LayerPlan(lp.layer, None, "linear")
+
+
+def _length_temperature(config) -> QueryTemperature | None:
+    """Ministral 3's and Mistral 4's query temperature, for the families whose attention applies it."""
+    if not family(_get(config, "model_type", default="")).length_temperature:
+        return None
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    beta, length = params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings")
+    if beta is None or not length:
+        raise ValueError(
+            f"config's rope_parameters need llama_4_scaling_beta and original_max_position_embeddings: "
+            f"model_type {_get(config, 'model_type')!r} scales its queries by 1 + beta ln(1 + floor(p / "
+            f"original_max_position_embeddings)); got {beta!r} and {length!r}"
+        )
+    return QueryTemperature(float(beta), float(length), offset=0.0)
+
+
+def _exaone4(config) -> tuple[LayerPlan, ...]:
+    """EXAONE 4: RoPE on sliding-window layers and NoPE on full-attention ones, or RoPE everywhere when the
+    config has no sliding window (its attention rotates iff ``sliding_window is None or is_sliding``)."""
+    plan = _single_rope_plan(config)
+    if _get(config, "sliding_window") is None:
+        return plan
+    return tuple(dataclasses.replace(lp, rope=None) if lp.attention == "full" else lp for lp in plan)
 
 
 def _llama4(config) -> tuple[LayerPlan, ...]:
@@ -358,29 +410,44 @@ def _qwen_vl(config) -> tuple[LayerPlan, ...]:
     return _single_rope_plan(config, rope)
 
 
-def _deepseek_v3(config) -> tuple[LayerPlan, ...]:
-    rope_dim = _get(config, "qk_rope_head_dim")
-    nope_dim = _get(config, "qk_nope_head_dim")
-    params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
-    flat = {
-        "model_type": "deepseek_v3",
-        "head_dim": rope_dim,
-        "max_position_embeddings": _get(config, "max_position_embeddings"),
-        "rope_theta": _get(config, "rope_theta"),
-        "rope_parameters": params,
-    }
-    layout = "interleaved" if _get(config, "rope_interleave", default=True) else "half"
-    rope = _rope(rope_settings(flat), layout=layout)
+MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")
+"""The config keys that give DeepSeek's multi-head latent attention away, whatever the model_type."""
+
+
+def _mla(config) -> tuple[LayerPlan, ...]:
+    """DeepSeek's MLA (DeepSeek-AI 2024, arxiv.org/abs/2405.04434): RoPE on the decoupled
+    ``qk_rope_head_dim`` slice of q and of one key head shared by all heads; softmax scale
+    (qk_nope + qk_rope)^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2 for a scaled RoPE. The slice's
+    pairing is what the family's code does (:attr:`~posenc.hf.families.Family.mla`)."""
+    model_type = _get(config, "model_type", default="")
+    settings = rope_settings(config, read_elsewhere=temperature_keys(config))
+    pairing = family(model_type).mla
+    if pairing is None:
+        raise ValueError(
+            f"config of model_type {model_type!r} has {' and '.join(MLA_KEYS)}: multi-head latent attention, "
+            "whose pairing of the rotated slice and softmax scale live in each family's code; posenc has "
+            f"read those of {', '.join(having('mla'))}"
+        )
+    rope_dim, nope_dim = _get(config, "qk_rope_head_dim"), _get(config, "qk_nope_head_dim", default=0)
+    if (settings["rotary_dim"] or settings["head_dim"]) != rope_dim:
+        raise ValueError(
+            f"config's RoPE rotates {settings['rotary_dim']} dimensions (head_dim {settings['head_dim']}), "
+            f"but its qk_rope_head_dim is {rope_dim}: posenc does not know which its attention uses"
+        )
+    interleaved = _get(config, "rope_interleave", default=True) if pairing == "config" else pairing == "pairs"
+    rope = _rope(
+        {**settings, "head_dim": rope_dim, "rotary_dim": rope_dim},
+        layout="interleaved" if interleaved else "half",
+    )
     scale = (rope_dim + nope_dim) ** -0.5
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
     mscale_all_dim = params.get("mscale_all_dim")
     if params.get("rope_type", params.get("type", "default")) != "default" and mscale_all_dim:
-        # DeepSeek's YaRN: 0.1 * mscale_all_dim * ln(factor) + 1, squared, on the softmax scale
-        factor = params["factor"]
+        factor = params["factor"]  # DeepSeek's YaRN: (0.1 * mscale_all_dim * ln(factor) + 1)^2
         mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
         scale *= mscale * mscale
-    types = _layer_types(config, ["full_attention"] * _n_layers(config))
     return tuple(
-        LayerPlan(i, rope, *_attention(t, config), scale=scale, shared_key=True) for i, t in enumerate(types)
+        dataclasses.replace(lp, scale=scale, shared_key=True) for lp in _single_rope_plan(config, rope)
     )
 
 
@@ -391,7 +458,8 @@ _READER_FUNCTIONS = {
     "gemma3": _gemma3,
     "gemma4": _gemma4,
     "qwen_vl": _qwen_vl,
-    "deepseek_v3": _deepseek_v3,
+    "mla": _mla,
+    "exaone4": _exaone4,
 }
 READERS = {name: _READER_FUNCTIONS[reader] for name, reader in having("plan").items()}
 """model_type -> the function reading its plan (composite configs are read through their text_config)."""
@@ -462,6 +530,8 @@ def position_plan(config) -> tuple[LayerPlan, ...]:
     reader = READERS.get(model_type)
     if reader is not None:
         return reader(config)
+    if all(_get(config, key) is not None for key in MLA_KEYS):
+        return _mla(config)
     if _get(config, "layer_types") and isinstance(_get(config, "rope_parameters"), Mapping):
         if all(isinstance(v, Mapping) for v in _get(config, "rope_parameters").values()):
             return _gemma3(config)  # any other per-layer-type family follows Gemma 3's rules

@@ -44,8 +44,32 @@ _SIZES = dict(
     expert_ffn_hidden_size=64,
     ffn_dim=512,
     moe_num_experts=4,
+    moe_k=2,  # ERNIE 4.5's experts per token, at most the experts kept
+    zero_expert_num=2,  # LongCat-Flash's identity experts
+    moe_topk=2,
+    linear_num_heads=2,  # linear-attention layers of hybrids
+    unpadded_vocab_size=512,
     audio_vocab_size=64,
 )
+_GLM_MROPE = {  # GLM-4.1V's released rope_parameters: its code splits 64 rotated dimensions in these sections
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [8, 12, 12],
+    }
+}
+# What released checkpoints set and a config class's defaults leave out, where the family's own code cannot
+# run without it (by model_type, also inside a composite's text_config)
+_RELEASED = {
+    "glm4v_text": _GLM_MROPE,
+    "glm_image_text": _GLM_MROPE,
+    "glm_ocr_text": _GLM_MROPE,
+    "diffllama": {"num_key_value_heads": 2},  # its differential attention splits the KV heads in two
+    # Qwen3.5 rotates a quarter of a 256-wide head: 32 pairs, as many as its mrope_section lists
+    "qwen3_5_text": {"head_dim": 256},
+    "qwen3_5_moe_text": {"head_dim": 256},
+}
 _TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
@@ -55,7 +79,11 @@ def shrunk(values: dict) -> dict:
     layers = values.get("num_hidden_layers")
     mla = "kv_lora_rank" in values  # DeepSeek-style latent attention: head_dim is set from its rope slice
     for key, value in values.items():
-        if key in _SIZES and (value is None or isinstance(value, int)) and not isinstance(value, bool):
+        if key in _SIZES and isinstance(value, list) and all(type(v) is int for v in value):
+            per_layer = isinstance(layers, int) and layers > 1 and len(value) == layers
+            # one size per layer (Gemma 3n), or per modality (ERNIE-4.5-VL's experts)
+            out[key] = [_SIZES[key]] * (_SIZES["num_hidden_layers"] if per_layer else len(value))
+        elif key in _SIZES and (value is None or isinstance(value, int)) and not isinstance(value, bool):
             if not (mla and key == "head_dim"):
                 out[key] = (
                     _SIZES["num_attention_heads"] if mla and key == "num_key_value_heads" else _SIZES[key]
@@ -68,4 +96,4 @@ def shrunk(values: dict) -> dict:
             out[key] = value[: _SIZES["num_hidden_layers"]]  # one entry per layer
         elif key == "per_layer_config" and isinstance(value, dict):
             out[key] = {i: c for i, c in value.items() if int(i) < _SIZES["num_hidden_layers"]}
-    return out
+    return out | _RELEASED.get(values.get("model_type"), {})
