@@ -429,12 +429,13 @@ def test_glm4v_m_rope_is_applied_with_three_differing_axes():
 
 
 def test_m_rope_families_outside_the_plans_are_refused_when_patched():
-    """HunYuan-V4-VL's language model reads XD-RoPE position ids of four axes; patch_model has no plan for
-    it and refuses it before patching anything."""
+    """HunYuan-VL's language model reads XD-RoPE position ids of four axes, and its two halves of a pair
+    can turn by different axes' angles (no rotation per pair); patch_model refuses it before patching
+    anything."""
     from posenc.hf import zoo
 
-    model = zoo._model_class("hy_v4_vl_text")(zoo.tiny_config("hy_v4_vl_text"))
-    with pytest.raises(ValueError, match="takes M-RoPE position ids of several axes"):
+    model = zoo._model_class("hunyuan_vl_text")(zoo.tiny_config("hunyuan_vl_text"))
+    with pytest.raises(ValueError, match="takes M-RoPE position ids of several axes.*'hunyuan_vl_text'"):
         patch_model(model)
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
 

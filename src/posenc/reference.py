@@ -201,21 +201,23 @@ def attention(
     return softmax(scores) @ v
 
 
-def mrope_axis(k: int, mrope_section, interleaved: bool = False) -> int:
-    """The position axis (0 time, 1 height, 2 width) frequency pair k follows in M-RoPE.
+def mrope_axis(k: int, mrope_section, interleaved: bool = False, order: str | None = None) -> int:
+    """The position axis (0 time, then height, width, ...) frequency pair k follows in M-RoPE.
 
     Contiguous (Qwen2-VL, Wang et al. 2024, arxiv.org/abs/2409.12191, sec. 2.1): the first section[0]
-    pairs follow time, the next section[1] height, the rest width. Interleaved (Qwen3-VL): pairs cycle
-    time, height, width while height has pairs below 3 * section[1] and width below 3 * section[2].
+    pairs follow time, the next section[1] height, and so on. Interleaved (Qwen3-VL; NeoMME with two
+    axes): with n axes, pair k follows axis a = k mod n >= 1 while k < n * section[a], else time.
+    Spatial-interleaved (ERNIE-4.5-VL): the first pairs cycle through the spatial axes 1 .. n-1, the last
+    section[0] follow time.
     """
-    t, h, w = mrope_section
-    if interleaved:
-        if k % 3 == 1 and k < 3 * h:
-            return 1
-        if k % 3 == 2 and k < 3 * w:
-            return 2
-        return 0
-    return 0 if k < t else (1 if k < t + h else 2)
+    order = order or ("interleaved" if interleaved else "contiguous")
+    n = len(mrope_section)
+    if order == "interleaved":
+        a = k % n
+        return a if a >= 1 and k < n * mrope_section[a] else 0
+    if order == "spatial-interleaved":
+        return 1 + k % (n - 1) if k < sum(mrope_section) - mrope_section[0] else 0
+    return int(np.searchsorted(np.cumsum(mrope_section), k, side="right"))
 
 
 def mrope(
@@ -225,9 +227,10 @@ def mrope(
     base: float = 10000.0,
     interleaved: bool = False,
     layout: str = "half",
+    order: str | None = None,
 ) -> np.ndarray:
     """Multimodal RoPE (Wang et al. 2024, "Qwen2-VL", sec. 2.1). x: (batch, heads, seq, d); positions:
-    (3, batch, seq) as (time, height, width).
+    (axes, batch, seq) as (time, height, width, ...), one axis per mrope_section entry.
 
     Pair k (of d/2 = sum(mrope_section)) is rotated by theta = p[axis(k)] * omega_k, omega_k =
     base^(-2k/d), with axis(k) from :func:`mrope_axis`. The pairing of dimensions is ``layout`` ("half":
@@ -239,7 +242,7 @@ def mrope(
     first, second = _pair_indices(d, layout)
     out = x.copy()
     for k, w in enumerate(inverse_frequencies(d, base)):
-        theta = pos[mrope_axis(k, mrope_section, interleaved)] * w  # (batch, seq)
+        theta = pos[mrope_axis(k, mrope_section, interleaved, order)] * w  # (batch, seq)
         cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
         a, b = x[..., first[k]], x[..., second[k]]
         out[..., first[k]] = a * cos - b * sin

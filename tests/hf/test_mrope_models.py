@@ -17,6 +17,7 @@ from .families import TOL, build, max_diff
 from .vl import hf_rope_index, layout
 
 WRONG = 1e-3
+FLIPPED = {"interleaved": "contiguous", "contiguous": "interleaved"}
 # Qwen2.5-VL: 1.5 s per temporal grid step at 2 tokens per second, so frames sit 3 positions apart
 SECONDS = torch.tensor([1.5, 1.5])
 
@@ -51,9 +52,7 @@ def test_multimodal_positions_match_transformers(family):
     ids = torch.randint(3, 128, types_.shape, generator=torch.Generator().manual_seed(1))
     plan = position_plan(config)
     flipped = tuple(
-        dataclasses.replace(
-            lp, rope=dataclasses.replace(lp.rope, mrope_interleaved=not lp.rope.mrope_interleaved)
-        )
+        dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_order=FLIPPED[lp.rope.mrope_order]))
         for lp in plan
     )
     text = torch.arange(ids.shape[1]).expand(3, 1, -1)

@@ -159,8 +159,8 @@ YARN_PARAMS = {
         (
             {
                 **BASE,
-                "model_type": "ernie4_5_vl_moe_text",
-                "rope_parameters": {"rope_theta": 5e5, "mrope_section": [2, 3, 3]},
+                "model_type": "hunyuan_vl_text",  # XD-RoPE: no M-RoPE layout in posenc
+                "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]},
             },
             "mrope_section",
         ),
@@ -217,7 +217,7 @@ def test_qwen3_5_hybrid_mrope_matches_transformers_and_a_wrong_plan_shows(model_
     assert [lp.attention == "linear" for lp in plan] == [t == "linear_attention" for t in config.layer_types]
     assert all(lp.rope is None for lp in plan if lp.attention == "linear")
     rope = next(lp.rope for lp in plan if lp.rope is not None)
-    assert (rope.mrope_interleaved, rope.rotary_dim) == (True, config.head_dim // 4)
+    assert (rope.mrope_order, rope.rotary_dim) == ("interleaved", config.head_dim // 4)
 
     ids = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(1))
     axes = torch.stack([torch.arange(12), torch.arange(12) // 3, torch.arange(12) % 3])[:, None] + 5
@@ -229,7 +229,7 @@ def test_qwen3_5_hybrid_mrope_matches_transformers_and_a_wrong_plan_shows(model_
         flipped = tuple(
             lp
             if lp.rope is None
-            else dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_interleaved=False))
+            else dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_order="contiguous"))
             for lp in plan
         )
         patch_model(model, plan=flipped)
@@ -238,3 +238,43 @@ def test_qwen3_5_hybrid_mrope_matches_transformers_and_a_wrong_plan_shows(model_
     on_linear = tuple(dataclasses.replace(lp, rope=rope) if lp.attention == "linear" else lp for lp in plan)
     with pytest.raises(ValueError, match="linear-attention layer"):
         patch_model(model, plan=on_linear)
+
+
+def _output(model, ids, positions):
+    out = model(ids, position_ids=positions)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.mark.parametrize("model_type", ["ernie4_5_vl_moe", "hy_v4_vl_text"])
+def test_mrope_families_match_transformers_on_differing_axes_and_another_order_shows(model_type):
+    """ERNIE-4.5-VL (height and width alternate, time last; pairs (2i, 2i+1)), patched layer by layer;
+    HunYuan-V4-VL (Qwen3-VL's order on MLA's rope slice), patched through its rotary module's hand-out."""
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    model = _model_class(model_type)(config).eval()
+    ids = torch.randint(3, 100, (1, 12), generator=torch.Generator().manual_seed(1))
+    axes = torch.stack([torch.arange(12), torch.arange(12) // 3, torch.arange(12) % 3])[:, None] + 5
+    with torch.no_grad():
+        want = _output(model, ids, axes)
+        patch_model(model)
+        assert (_output(model, ids, axes) - want).abs().max() < 1e-5 * want.abs().max()
+        unpatch_model(model)
+    hf = next(
+        m
+        for m in model.modules()
+        if type(m).__name__.endswith("RotaryEmbedding") and "Vision" not in type(m).__name__
+    )
+    rope = position_plan(config)[0].rope if model_type.startswith("ernie") else None
+    if rope is not None:
+        assert rope.mrope_order == "spatial-interleaved" and rope.layout == "interleaved"
+    pos = torch.stack([torch.arange(1, 5), torch.arange(3, 11, 2), torch.arange(5, 17, 3)])[:, None]
+    own = hf(torch.zeros(1, 4, 1), pos)[0]
+    from posenc.hf.plan import mrope_rope
+
+    text = config.get_text_config()
+    good = mrope_rope(text)
+    other = dataclasses.replace(good, mrope_order="contiguous")
+    for spec, close in ((good, True), (other, False)):
+        cos = spec.module().cos_sin(pos)[0]
+        cos = cos.repeat_interleave(2, -1) if spec.layout == "interleaved" else torch.cat((cos, cos), -1)
+        assert bool(torch.allclose(cos, own.float(), atol=1e-5)) is close

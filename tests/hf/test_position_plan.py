@@ -107,7 +107,7 @@ def test_deepseek_v3_softmax_scale_and_slice_match_transformers():
 def test_qwen_vl_sections():
     for name, interleaved in (("qwen2_vl", False), ("qwen2_5_vl", False), ("qwen3_vl", True)):
         rope = position_plan(config_of(name))[0].rope
-        assert rope.mrope_section == (4, 2, 2) and rope.mrope_interleaved is interleaved
+        assert rope.mrope_section == (4, 2, 2) and (rope.mrope_order == "interleaved") is interleaved
     # early Qwen2-VL config.json: rope_scaling type "mrope" means default RoPE
     raw = {
         "model_type": "qwen2_vl",

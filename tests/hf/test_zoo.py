@@ -112,7 +112,7 @@ def test_a_wrong_m_rope_layout_is_caught(monkeypatch):
 
     def flipped(config):
         return tuple(
-            dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_interleaved=False))
+            dataclasses.replace(lp, rope=dataclasses.replace(lp.rope, mrope_order="contiguous"))
             for lp in right(config)
         )
 

@@ -87,6 +87,70 @@ def test_cos_sin_match_transformers(module, section, interleaved):
     assert float((torch.cat((other, other), -1) - cos).abs().max()) > 0.1
 
 
+def test_ernie_spatial_interleaved_layout_matches_transformers():
+    """ERNIE-4.5-VL: its config lists the sections as (height, width, time); the height and width pairs
+    alternate, time takes the last ones; dimensions pair (2i, 2i+1)."""
+    import transformers
+    from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as ernie
+
+    config = transformers.Ernie4_5_VLMoeTextConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        head_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [6, 6, 4]},
+    )
+    pos = random_positions(2, 9, high=5000)
+    cos, sin = ernie.Ernie4_5_VLMoeTextRotaryEmbedding(config)(torch.zeros(1), pos)
+    mine = MRotaryEmbedding(32, (4, 6, 6), 1e4, order="spatial-interleaved", layout="interleaved")
+    c, s = mine.cos_sin(pos)
+    np.testing.assert_allclose(c.repeat_interleave(2, -1).numpy(), cos.numpy(), atol=2e-4)
+    np.testing.assert_allclose(s.repeat_interleave(2, -1).numpy(), sin.numpy(), atol=2e-4)
+    assert mine.axes.tolist()[:4] == [1, 2, 1, 2] and mine.axes.tolist()[-4:] == [0] * 4
+    q = torch.randn(2, 1, 9, 32, dtype=torch.float64)
+    want = R.mrope(q.numpy(), pos.numpy(), (4, 6, 6), 1e4, layout="interleaved", order="spatial-interleaved")
+    np.testing.assert_allclose(mine.rotate(q, pos).numpy(), want, atol=1e-9)
+
+
+def test_two_axis_interleaved_layout_matches_neomme():
+    """NeoMME: two axes (row, column) alternating pair by pair, per layer type."""
+    import transformers
+    from transformers.models.neomme import modeling_neomme as neomme
+
+    config = transformers.AutoConfig.for_model(
+        "neomme",
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_hidden_layers=2,
+        layer_types=["full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 1.0},
+        },
+    )
+    module = neomme.NeoMMERotaryEmbedding(config.get_text_config())
+    pos = random_positions(2, 9, high=5000)[:2]
+    for layer_type, base in (("full_attention", 1e4), ("sliding_attention", 1e6)):
+        cos, _ = module(torch.zeros(1), pos, layer_type)
+        c, _ = MRotaryEmbedding(32, (8, 8), base, order="interleaved").cos_sin(pos)
+        np.testing.assert_allclose(torch.cat((c, c), -1).numpy(), cos.numpy(), atol=2e-4)
+    assert MRotaryEmbedding(32, (8, 8), order="interleaved").axes.tolist()[:4] == [0, 1, 0, 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    axes=st.integers(2, 4),
+    per_axis=st.integers(1, 4),
+    order=st.sampled_from(["contiguous", "interleaved", "spatial-interleaved"]),
+)
+def test_layouts_equal_the_reference(axes, per_axis, order):
+    section = (per_axis,) * axes
+    got = mrope_axes(section, order=order).tolist()
+    assert got == [R.mrope_axis(k, section, order=order) for k in range(sum(section))]
+    assert [got.count(a) for a in range(axes)] == list(section)
+
+
 @settings(max_examples=25, deadline=None)
 @given(seq=st.integers(1, 12), start=st.integers(0, 10_000), inter=st.booleans())
 def test_text_is_one_dimensional_rope(seq, start, inter):
@@ -165,7 +229,11 @@ def test_dynamic_ntk_takes_its_length_from_the_largest_position_on_any_axis():
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mrope_section"):
-        MRotaryEmbedding(16, (4, 4), 1e4)
+        MRotaryEmbedding(16, (8,), 1e4)  # one axis: not M-RoPE
+    with pytest.raises(ValueError, match="spatial axes alternate"):
+        MRotaryEmbedding(16, (2, 2, 4), 1e4, order="spatial-interleaved")
+    with pytest.raises(ValueError, match="order"):
+        MRotaryEmbedding(16, (2, 3, 3), 1e4, order="diagonal")
     with pytest.raises(ValueError, match="mrope_section"):
         MRotaryEmbedding(16, (4, 2, 3), 1e4)  # 9 pairs for 8
     with pytest.raises(ValueError, match="interleaved"):

@@ -35,13 +35,19 @@ class Attention:
 
 @dataclasses.dataclass(frozen=True)
 class MRopeFamily:
-    """What one M-RoPE family's code does: its default ``mrope_section`` (time, height, width pairs), whether
-    the axes' frequency slots interleave (t, h, w, t, h, w, ... as Qwen3-VL) or take contiguous sections
-    (Qwen2-VL), and how its attention pairs dimensions ("half": (i, i + d/2); "pairs": (2i, 2i+1))."""
+    """What one M-RoPE family's code does: its default ``mrope_section`` (pairs per axis: time, height,
+    width, ...; None: the pairs split evenly over ``axes``), how the axes' frequency slots are laid out
+    (``order``, one of :data:`posenc.rope.mrope.ORDERS`: "contiguous" sections as Qwen2-VL, "interleaved"
+    t, h, w, t, h, w, ... as Qwen3-VL, "spatial-interleaved" h, w, h, w, ..., then t as ERNIE-4.5-VL), how
+    its attention pairs dimensions ("half": (i, i + d/2); "pairs": (2i, 2i+1)), and, where its config
+    lists the sections in another order than the position ids' axes, which axis each entry is for
+    (``listed``: ERNIE's (height, width, time) is (1, 2, 0))."""
 
-    section: tuple[int, int, int]
-    interleaved: bool = False
+    section: tuple[int, ...] | None
+    order: str = "contiguous"
     form: str = "half"
+    axes: int = 3
+    listed: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +86,15 @@ class Family:
     ntk_alpha: bool = False
 
 
-def _mrope(name: str, mrope: MRopeFamily, *, flat: bool = False) -> tuple[Family, Family]:
+def _mrope(
+    name: str, mrope: MRopeFamily, *, flat: bool = False, layers: bool = True
+) -> tuple[Family, Family]:
     """A vision-language family's two entries: the composite (its M-RoPE; read as a flat config when early
-    config.json files were flat) and its text model, patched layer by layer."""
+    config.json files were flat) and its text model, patched layer by layer, or, with ``layers=False`` (an
+    attention whose other position terms posenc does not plan), through its rotary module's hand-out."""
     composite = Family(name, mrope=mrope, composite=True, plan="qwen_vl" if flat else None)
+    if not layers:
+        return composite, Family(f"{name}_text", pairs=mrope.form == "pairs")
     text = Family(
         f"{name}_text", pairs=mrope.form == "pairs", plan="qwen_vl", attention=Attention(mrope.form)
     )
@@ -139,17 +150,22 @@ FAMILIES: tuple[Family, ...] = (
     # M-RoPE
     *_mrope("qwen2_vl", MRopeFamily((16, 24, 24)), flat=True),
     *_mrope("qwen2_5_vl", MRopeFamily((16, 24, 24)), flat=True),
-    *_mrope("qwen3_vl", MRopeFamily((24, 20, 20), interleaved=True), flat=True),
-    *_mrope("qwen3_vl_moe", MRopeFamily((24, 20, 20), interleaved=True)),
+    *_mrope("qwen3_vl", MRopeFamily((24, 20, 20), "interleaved"), flat=True),
+    *_mrope("qwen3_vl_moe", MRopeFamily((24, 20, 20), "interleaved")),
     *_mrope("glm4v", MRopeFamily((8, 12, 12), form="pairs")),  # over a partial rotary, as GLM-4V-MoE
     *_mrope("glm4v_moe", MRopeFamily((8, 12, 12))),
     *_mrope("glm_image", MRopeFamily((8, 12, 12))),  # GLM-4V-MoE's rotary and attention
     *_mrope("glm_ocr", MRopeFamily((8, 12, 12), form="pairs")),  # GLM-4V's
     *_mrope("paddleocr_vl", MRopeFamily((16, 24, 24))),
-    *_mrope("cosmos3_edge", MRopeFamily((24, 20, 20), interleaved=True)),
+    *_mrope("cosmos3_edge", MRopeFamily((24, 20, 20), "interleaved")),
     # Qwen3.5: Qwen3-VL's interleaved M-RoPE over a partial rotary, in a hybrid with Gated DeltaNet layers
-    *_mrope("qwen3_5", MRopeFamily((11, 11, 10), interleaved=True)),
-    *_mrope("qwen3_5_moe", MRopeFamily((11, 11, 10), interleaved=True)),
+    *_mrope("qwen3_5", MRopeFamily((11, 11, 10), "interleaved")),
+    *_mrope("qwen3_5_moe", MRopeFamily((11, 11, 10), "interleaved")),
+    *_mrope("ernie4_5_vl_moe", MRopeFamily((22, 22, 20), "spatial-interleaved", "pairs", listed=(1, 2, 0))),
+    # NeoMME: rows and columns alternate pair by pair, one RoPE per layer type
+    Family("neomme", mrope=MRopeFamily(None, "interleaved", axes=2)),
+    # HunYuan-V4-VL: Qwen3-VL's M-RoPE on the rope slice of MLA, whose sparse-attention indexer rotates too
+    *_mrope("hy_v4_vl", MRopeFamily((24, 20, 20), "interleaved"), layers=False),
 )
 
 _BY_TYPE = {f.model_type: f for f in FAMILIES}

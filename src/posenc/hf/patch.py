@@ -13,12 +13,13 @@ import torch
 
 from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
+from ..rope.mrope import MRotaryEmbedding
 from ..rope.table import call_context
 from ._config import _get, rope_settings, rotary_from_config, temperature_keys
 from .families import having
 from .layers import ADAPTERS, patch_layers
 from .ledger import is_patched, ledger, undo
-from .plan import MROPE_FAMILIES, position_plan, text_config
+from .plan import MROPE_FAMILIES, mrope_rope, position_plan, text_config
 from .remap import patch_remap
 from .replica import check_replica
 
@@ -40,6 +41,8 @@ def _cos_sin(module, x, position_ids):
         identity["positions"] = position_ids
         shape = (*position_ids.shape, rot.rotary_dim // 2)
         return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
+    if isinstance(rot, MRotaryEmbedding):  # (axes, batch, seq) position ids, or (batch, seq) for text
+        return rot.cos_sin(position_ids.to(x.device))
     # transformers scales length-dependent methods for 1 + the largest position in the whole batch
     context = call_context(position_ids)
     return rot.cos_sin(position_ids.shape[-1], positions=position_ids, device=x.device, context_len=context)
@@ -171,8 +174,9 @@ def _probe_tolerance(module) -> float:
 
 def _mismatch(module, rotary, forward, layer_type: str | None = None) -> float:
     """The largest difference between what ``forward`` with ``rotary`` hands out and what the module itself
-    does at positions 1..4 (inf for another shape or dtype)."""
-    pos = _probe_positions(_device_of(module))
+    does at positions 1..4 (inf for another shape or dtype); for M-RoPE, on axes that differ."""
+    axes = len(rotary.mrope_section) if isinstance(rotary, MRotaryEmbedding) else 0
+    pos = _probe_positions(_device_of(module), axes)
     own = _own_output(module, pos, layer_type)
     with torch.no_grad():
         ours = forward(
@@ -228,21 +232,25 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
     base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     rotaries, forms = {}, {}
     for layer_type in layer_types:
-        if _takes_axis_positions(module, layer_type):
+        mrope = _takes_axis_positions(module, layer_type)
+        if mrope and model_type.removesuffix("_text") not in MROPE_FAMILIES:
             raise ValueError(
                 f"{type(module).__name__} ({name}, layer type {layer_type!r}) takes M-RoPE position ids of "
-                f"several axes; patch_model does not apply M-RoPE per layer type (model_type {model_type!r})"
+                f"several axes, and posenc has no M-RoPE layout for model_type {model_type!r}"
             )
-        form = _handout(module, layer_type)
+        form = _handout(module, layer_type) if not mrope else "half"
         if form is None or not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
             raise ValueError(
                 f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin for "
                 f"layer type {layer_type!r}"
             )
         flat = {**base, **_type_head_dim(base, layer_type), "rope_parameters": dict(params[layer_type])}
-        settings = rope_settings(flat, read_elsewhere=temperature_keys(flat))
-        forward, layout = _resolve(module, form, settings, layer_type)
-        rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
+        if mrope:
+            rot, forward, _ = _mrope_rotary(module, flat)
+        else:
+            settings = rope_settings(flat, read_elsewhere=temperature_keys(flat))
+            forward, layout = _resolve(module, form, settings, layer_type)
+            rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
         _check_exact(module, rot, forward, name, model_type, layer_type)
         rotaries[layer_type] = rot
         forms[layer_type] = (forward, _keeps_float32(module, layer_type))
@@ -306,7 +314,12 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
             continue
         # the model's own RoPE reproduced in its own hand-out form, also when ``rotary`` replaces it (the
         # form is what carries any rotary into the model)
-        rot, forward, layout = _own_rotary(module, name, model_type, config, _form(module, name, model_type))
+        form = _form(module, name, model_type)
+        if rotary is not None and form == "mrope":
+            raise ValueError(
+                f"rotary= replaces a 1-D RoPE; {type(module).__name__} ({name}) is M-RoPE over several axes"
+            )
+        rot, forward, layout = _own_rotary(module, name, model_type, config, form)
         if rotary is not None:
             _check_rotary(rotary, config, name, layout)
             rot = rotary
@@ -339,11 +352,23 @@ def _own_rotary(module, name: str, model_type: str, config, form: str):
     """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the pairing),
     checked against what the module hands out itself (a ValueError unless exact)."""
     # a query temperature in the RoPE dict stays with the model's attention code, which applies it
+    if form == "mrope":
+        rot, forward, layout = _mrope_rotary(module, config)
+        _check_exact(module, rot, forward, name, model_type)
+        return rot, forward, layout
     settings = rope_settings(config, read_elsewhere=temperature_keys(config))
     forward, layout = _resolve(module, form, settings)
     rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
     _check_exact(module, rot, forward, name, model_type)
     return rot, forward, layout
+
+
+def _mrope_rotary(module, config):
+    """(posenc's M-RoPE for a rotary module of a family whose layout posenc knows, the forward of its
+    hand-out form, its pairing); checked by the caller."""
+    rope = mrope_rope(config)
+    forward, layout = _FORMS["pairs" if rope.layout == "interleaved" else "half"]
+    return rope.module().to(_device_of(module)), forward, layout
 
 
 def _resolve(module, form: str, settings: dict, layer_type: str | None = None):
@@ -373,10 +398,12 @@ def _places_image_patches(module) -> bool:
 def _form(module, name: str, model_type: str) -> str:
     """The hand-out form of a single-RoPE rotary module, or a ValueError saying why posenc cannot take it."""
     if _takes_axis_positions(module):
+        if model_type.removesuffix("_text") in MROPE_FAMILIES:
+            return "mrope"  # a family whose M-RoPE posenc knows, patched through its rotary module
         raise ValueError(
-            f"{type(module).__name__} ({name}) takes M-RoPE position ids of several axes; patch_model "
-            f"applies M-RoPE through the plans of {', '.join(sorted(MROPE_FAMILIES))}, and "
-            f"model_type {model_type!r} is not one of them yet"
+            f"{type(module).__name__} ({name}) takes M-RoPE position ids of several axes; posenc knows the "
+            f"M-RoPE layouts of {', '.join(sorted(MROPE_FAMILIES))}, and model_type {model_type!r} is not "
+            "one of them"
         )
     form = _handout(module) if hasattr(module, "inv_freq") or hasattr(module, "embed_positions") else None
     if form is None:
@@ -434,6 +461,10 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
     config = getattr(module, "config", None) or model.config
     model_type = _get(config, "model_type", default="")
     form = _form(module, name, model_type)
+    if form == "mrope":
+        raise ValueError(
+            f"remap= remaps 1-D distances; {type(module).__name__} ({name}) is M-RoPE over several axes"
+        )
     if form == "complex":
         raise ValueError(
             f"remap= rotates the first rotary_dim channels of each head; {type(module).__name__} ({name}) "

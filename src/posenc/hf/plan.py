@@ -49,7 +49,8 @@ ATTENTION = ("full", "sliding", "chunked", "linear")
 class Rope:
     """One layer's rotary encoding. ``head_dim``: the q/k slice it acts on; ``rotary_dim``: how much of
     it rotates; ``scaling``: the Hugging Face scaling dict as sorted (key, value) pairs (hashable);
-    ``mrope_section`` set for M-RoPE."""
+    ``mrope_section`` (pairs per position axis) and ``mrope_order`` (:data:`posenc.rope.mrope.ORDERS`) set
+    for M-RoPE."""
 
     base: float
     head_dim: int
@@ -57,8 +58,8 @@ class Rope:
     layout: str = "half"
     scaling: tuple = ()
     max_position_embeddings: int | None = None
-    mrope_section: tuple[int, int, int] | None = None
-    mrope_interleaved: bool = False
+    mrope_section: tuple[int, ...] | None = None
+    mrope_order: str = "contiguous"
 
     @property
     def scaling_dict(self) -> dict | None:
@@ -71,7 +72,7 @@ class Rope:
                 self.head_dim,
                 self.mrope_section,
                 self.base,
-                interleaved=self.mrope_interleaved,
+                order=self.mrope_order,
                 scaling=self.scaling_dict,
                 layout=self.layout,
                 rotary_dim=self.rotary_dim,
@@ -89,8 +90,7 @@ class Rope:
     def __repr__(self) -> str:
         kind = "RoPE"
         if self.mrope_section is not None:
-            order = "interleaved" if self.mrope_interleaved else "contiguous"
-            kind = f"M-RoPE{list(self.mrope_section)} {order}"
+            kind = f"M-RoPE{list(self.mrope_section)} {self.mrope_order}"
         parts = [f"base={self.base:g}"]
         scaling = dict(self.scaling)
         if scaling.get("rope_type", "default") != "default":
@@ -379,6 +379,8 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
         "max_position_embeddings": _get(config, "max_position_embeddings"),
         "rope_parameters": per_type[layer_type],
     }
+    if flat["model_type"].removesuffix("_text") in MROPE_FAMILIES:  # M-RoPE per layer type (NeoMME)
+        return mrope_rope(flat)
     return _rope(rope_settings(flat))
 
 
@@ -387,27 +389,42 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
 MROPE_FAMILIES = having("mrope")
 
 
-def _qwen_vl(config) -> tuple[LayerPlan, ...]:
-    family = _get(config, "model_type").removesuffix("_text")
+def mrope_rope(config) -> Rope:
+    """The M-RoPE of a (text) config of a family in :data:`MROPE_FAMILIES`: its ``mrope_section`` (else the
+    family's default), put in the position ids' axis order, the family's slot order and pairing; a
+    ValueError for any other family."""
+    name = _get(config, "model_type", default="").removesuffix("_text")
+    spec = MROPE_FAMILIES.get(name)
+    if spec is None:
+        raise ValueError(
+            f"model_type {name!r} has no M-RoPE layout in posenc; known: {', '.join(sorted(MROPE_FAMILIES))}"
+        )
     params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
-    spec = MROPE_FAMILIES[family]
-    section = tuple(params.pop("mrope_section", spec.section))
+    listed = params.pop("mrope_section", spec.section)
     params.pop("mrope_interleaved", None)  # Qwen3-VL's configs say what its code always does
     if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
         params.pop("type", None)
         params["rope_type"] = "default"
     flat = {
-        "model_type": family,
+        "model_type": name,
         "head_dim": _head_dim(config),
         "max_position_embeddings": _get(config, "max_position_embeddings"),
         "rope_theta": _get(config, "rope_theta"),
         "rope_parameters": params,
     }
+    settings = rope_settings(flat)
+    if listed is None:  # the pairs split evenly over the axes
+        pairs = (settings["rotary_dim"] or settings["head_dim"]) // 2
+        listed = [pairs // spec.axes] * spec.axes
+    section = tuple(listed)
+    if spec.listed is not None and len(section) == len(spec.listed):
+        section = tuple(section[spec.listed.index(axis)] for axis in range(len(section)))
     layout = "interleaved" if spec.form == "pairs" else "half"
-    rope = _rope(
-        {**rope_settings(flat), "layout": layout}, mrope_section=section, mrope_interleaved=spec.interleaved
-    )
-    return _single_rope_plan(config, rope)
+    return _rope({**settings, "layout": layout}, mrope_section=section, mrope_order=spec.order)
+
+
+def _qwen_vl(config) -> tuple[LayerPlan, ...]:
+    return _single_rope_plan(config, mrope_rope(config))
 
 
 MLA_KEYS = ("kv_lora_rank", "qk_rope_head_dim")

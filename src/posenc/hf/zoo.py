@@ -255,9 +255,20 @@ def _build(model_type: str, scaling: dict | None):
         if size > MAX_PARAMETERS:
             return ZooResult(model_type, "not built tiny", f"{size / 1e6:.0f}M parameters after shrinking")
         torch.manual_seed(0)
-        return config, _model_class(model_type)(config).eval()
+        return config, _unzeroed(_model_class(model_type)(config).eval())
     except Exception as e:  # transformers' own validation of a config it was not made for
         return ZooResult(model_type, "not built tiny", _short(e))
+
+
+def _unzeroed(model):
+    """``model`` with its zero-initialised weight matrices drawn at random (N(0, 0.02^2), seeded): an
+    output projection that starts at zero (NeoMME's) would hide what attention does with positions."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return model
 
 
 def _unpatched(model, config, ids) -> tuple[tuple, list]:

@@ -6,7 +6,10 @@ axes: theta_k = p[axis(k)] * omega_k. Which axis is a matter of ``mrope_section`
 
 * contiguous (Qwen2-VL, Qwen2.5-VL): the first t pairs follow time, the next h height, the last w width;
 * interleaved (Qwen3-VL, "Interleaved-MRoPE"): pairs cycle t, h, w, t, h, w, ... while each axis has
-  pairs left, then time: every axis spans the whole spectrum, fast to slow.
+  pairs left, then time: every axis spans the whole spectrum, fast to slow (NeoMME: rows and columns
+  alternate the same way, two axes);
+* spatial-interleaved (ERNIE-4.5-VL): height and width alternate over the first pairs, time takes the
+  last (slowest) ones.
 
 The interleaving is of frequency *slots*; the rotation still pairs dimension i with i + rotary_dim/2
 ("half", rotate_half), in both models. Text alone never shows the difference, image grids do.
@@ -27,38 +30,72 @@ from ..kernels import apply_rotary, apply_rotary_qk
 from .frequencies import resolve_schedule
 from .table import align_to, call_context, cos_sin_of
 
-__all__ = ["MRotaryEmbedding", "mrope_axes", "mrope_decode_positions", "mrope_positions"]
+__all__ = ["ORDERS", "MRotaryEmbedding", "mrope_axes", "mrope_decode_positions", "mrope_positions"]
 
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
 
-def mrope_axes(mrope_section: Sequence[int], interleaved: bool = False) -> torch.Tensor:
-    """The position axis (0 time, 1 height, 2 width) of each frequency pair: long tensor (sum(section),).
+ORDERS = ("contiguous", "interleaved", "spatial-interleaved")
+"""How the axes' frequency pairs are laid out (:func:`mrope_axes`)."""
 
-    Contiguous: section[0] zeros, section[1] ones, section[2] twos. Interleaved (Qwen3-VL): pair j follows
-    height when j % 3 == 1 and j < 3 * section[1], width when j % 3 == 2 and j < 3 * section[2], else time.
+
+def mrope_axes(
+    mrope_section: Sequence[int], interleaved: bool = False, *, order: str | None = None
+) -> torch.Tensor:
+    """The position axis (0 time, then the spatial axes: height, width, ...) of each frequency pair: long
+    tensor (sum(section),). ``mrope_section``: pairs per axis, 2 to 4 axes.
+
+    ``order`` (``interleaved=True`` is ``order="interleaved"``):
+
+    * "contiguous" (Qwen2-VL): section[0] zeros, then section[1] ones, and so on;
+    * "interleaved" (Qwen3-VL; NeoMME's two axes): axis a >= 1 takes the pairs j = a mod n below
+      n * section[a] (n axes), time every other pair: t, h, w, t, h, w, ..., then t;
+    * "spatial-interleaved" (ERNIE-4.5-VL): the spatial axes alternate over the first pairs (h, w, h, w,
+      ...), time takes the last section[0].
     """
     section = _section(mrope_section)
-    n = sum(section)
-    if not interleaved:
-        return torch.repeat_interleave(torch.arange(3), torch.tensor(section))
+    order = _order(interleaved, order)
+    n, axes_n = sum(section), len(section)
+    if order == "contiguous":
+        return torch.repeat_interleave(torch.arange(axes_n), torch.tensor(section))
     axes = torch.zeros(n, dtype=torch.long)
-    for axis in (1, 2):
-        slots = torch.arange(axis, min(3 * section[axis], n), 3)
-        axes[slots] = axis
-    if int((axes == 1).sum()) != section[1] or int((axes == 2).sum()) != section[2]:
+    if order == "interleaved":
+        for axis in range(1, axes_n):
+            axes[torch.arange(axis, min(axes_n * section[axis], n), axes_n)] = axis
+    else:
+        spatial = n - section[0]
+        axes[:spatial] = 1 + torch.arange(spatial) % (axes_n - 1)
+    counts = torch.bincount(axes, minlength=axes_n).tolist()
+    if counts != list(section):
+        rule = (
+            f"each spatial axis a takes the pairs j = a mod {axes_n} below {axes_n} * section[a]"
+            if order == "interleaved"
+            else "the spatial axes alternate, so their sections must be equal"
+        )
         raise ValueError(
-            f"mrope_section {list(section)} cannot be interleaved: height takes pairs 1, 4, 7, ... below "
-            f"3 * {section[1]} and width pairs 2, 5, 8, ... below 3 * {section[2]}, which must all lie among "
-            f"the {n} pairs"
+            f"mrope_section {list(section)} cannot be laid out {order!r} ({rule}): the axes would get "
+            f"{counts} pairs"
         )
     return axes
 
 
-def _section(mrope_section) -> tuple[int, int, int]:
-    if not isinstance(mrope_section, (list, tuple)) or len(mrope_section) != 3:
+def _order(interleaved, order) -> str:
+    if not isinstance(interleaved, bool):
+        raise ValueError(f"interleaved must be True or False, got {interleaved!r}")
+    if order is None:
+        return "interleaved" if interleaved else "contiguous"
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+    if interleaved and order != "interleaved":
+        raise ValueError(f"interleaved=True and order={order!r} disagree: give one of them")
+    return order
+
+
+def _section(mrope_section) -> tuple[int, ...]:
+    if not isinstance(mrope_section, (list, tuple)) or not 2 <= len(mrope_section) <= 4:
         raise ValueError(
-            f"mrope_section must be three pair counts (time, height, width), got {mrope_section!r}"
+            "mrope_section must be the pair counts of 2 to 4 axes (time, height, width, ...), got "
+            f"{mrope_section!r}"
         )
     return tuple(_checks.positive_int(f"mrope_section[{i}]", s) for i, s in enumerate(mrope_section))
 
@@ -68,9 +105,11 @@ class MRotaryEmbedding(nn.Module):
 
     Args:
         head_dim: size of each head's query/key vector.
-        mrope_section: pairs per axis (time, height, width); they sum to rotary_dim / 2.
+        mrope_section: pairs per axis (time, height, width; 2 to 4 axes); they sum to rotary_dim / 2.
         base: rope_theta.
         interleaved: Qwen3-VL's interleaved frequency slots instead of Qwen2-VL's contiguous sections.
+        order: the layout of the pairs among the axes, one of :data:`ORDERS` (:func:`mrope_axes`); default
+            "interleaved" or "contiguous" as ``interleaved`` says.
         scaling: a Hugging Face scaling dict (linear, ntk, yarn, llama3, dynamic, ...) or None. A
             length-dependent method (dynamic NTK) takes its length as 1 + the largest position of the call on
             any axis, as transformers does, unless ``context_len`` is given.
@@ -95,9 +134,11 @@ class MRotaryEmbedding(nn.Module):
         layout: str = "half",
         rotary_dim: int | None = None,
         max_position_embeddings: int | None = None,
+        order: str | None = None,
     ):
         super().__init__()
         section = _section(mrope_section)
+        order = _order(interleaved, order)
         head_dim = _checks.even_int("head_dim", head_dim)
         if rotary_dim is None and 2 * sum(section) > head_dim:
             raise ValueError(
@@ -117,12 +158,11 @@ class MRotaryEmbedding(nn.Module):
                 f"mrope_section {list(section)} sums to {sum(section)} pairs, but the rotary dimension "
                 f"{schedule.freq_dim} has {schedule.freq_dim // 2}"
             )
-        if not isinstance(interleaved, bool):
-            raise ValueError(f"interleaved must be True or False, got {interleaved!r}")
         self.head_dim, self.rotary_dim, self.base = head_dim, schedule.rotary_dim, schedule.base
-        self.mrope_section, self.interleaved = section, interleaved
+        self.mrope_section, self.order = section, order
+        self.interleaved = order == "interleaved"
         self.layout = _checks.layout(layout)
-        self.axes = mrope_axes(section, interleaved)
+        self.axes = mrope_axes(section, order=order)
         self.schedule = schedule
         inv, attn = schedule.at()
         self.inv_freq64, self.attention_factor = inv, float(attn)
@@ -131,7 +171,7 @@ class MRotaryEmbedding(nn.Module):
         """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (3, batch, seq)
         positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2)). ``context_len``:
         the length a length-dependent schedule is taken at (default 1 + the largest of ``positions``)."""
-        positions = _positions3(positions)
+        positions = _positions(positions, len(self.mrope_section))
         inv, attn = self._frequencies(positions, context_len)
         if positions.dim() <= 2:  # text, (seq,) or (batch, seq): all three axes alike
             return cos_sin_of(positions, inv, attn, dtype)
@@ -184,7 +224,8 @@ class MRotaryEmbedding(nn.Module):
             )
         self._check("q", q, positions)
         if k_positions is not None:  # one schedule for both: a length-dependent one at the keys' length
-            context = call_context(_positions3(k_positions)) if self.schedule.length_dependent else None
+            axes = len(self.mrope_section)
+            context = call_context(_positions(k_positions, axes)) if self.schedule.length_dependent else None
             return self.rotate(q, positions, context_len=context), self.rotate(
                 k, k_positions, context_len=context
             )
@@ -198,7 +239,7 @@ class MRotaryEmbedding(nn.Module):
             raise ValueError(
                 f"{name} must have last dimension head_dim={self.head_dim}, got shape {tuple(x.shape)}"
             )
-        positions = _positions3(positions)
+        positions = _positions(positions, len(self.mrope_section))
         if positions.shape[-1] != x.shape[-2]:
             raise ValueError(
                 f"positions of shape {tuple(positions.shape)} do not match {name}'s seq length {x.shape[-2]}"
@@ -208,7 +249,7 @@ class MRotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"head_dim={self.head_dim}, mrope_section={list(self.mrope_section)}, base={self.base:g}, "
-            f"interleaved={self.interleaved}, layout={self.layout!r}"
+            f"order={self.order!r}, layout={self.layout!r}"
         )
 
 
@@ -220,16 +261,16 @@ def _needs_positions(positions) -> None:
         )
 
 
-def _positions3(positions) -> torch.Tensor:
+def _positions(positions, axes: int = 3) -> torch.Tensor:
     if not isinstance(positions, torch.Tensor) or positions.is_complex() or positions.dtype == torch.bool:
         raise ValueError(
-            f"positions must be a real tensor of shape (3, batch, seq), (batch, seq) or (seq,), got "
+            f"positions must be a real tensor of shape ({axes}, batch, seq), (batch, seq) or (seq,), got "
             f"{type(positions).__name__ if not isinstance(positions, torch.Tensor) else positions.dtype}"
         )
-    if positions.dim() == 3 and positions.shape[0] != 3:
+    if positions.dim() == 3 and positions.shape[0] != axes:
         raise ValueError(
-            f"positions of shape (axes, batch, seq) need 3 axes (time, height, width), got "
-            f"{tuple(positions.shape)}"
+            f"positions of shape (axes, batch, seq) need {axes} axes (time, height, width, ...: one per "
+            f"mrope_section entry), got {tuple(positions.shape)}"
         )
     if positions.dim() not in (1, 2, 3):
         raise ValueError(
