@@ -156,3 +156,10 @@ def test_scaled_configs_carry_the_method_in_every_layer_type():
     for params in config.rope_parameters.values():
         assert params["rope_type"] == "yarn" and params["original_max_position_embeddings"] == 131072
     assert {p["rope_theta"] for p in config.rope_parameters.values()} == {1e4, 1e6}
+
+
+def test_a_rotary_module_built_to_skip_the_scaling_stays_unscaled():
+    """Molmo2 keeps a second rotary module that ignores rope_scaling (for the layers outside
+    rope_scaling_layers): patched, each module keeps its own schedule, checked against its own cos/sin."""
+    (result,) = zoo.sweep(["molmo2_text"], scaling=zoo.SCALINGS["linear"])
+    assert result.status == "exact", result

@@ -351,12 +351,14 @@ def _recorded(model):
 def _own_rotary(module, name: str, model_type: str, config, form: str):
     """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the pairing),
     checked against what the module hands out itself (a ValueError unless exact)."""
-    # a query temperature in the RoPE dict stays with the model's attention code, which applies it
     if form == "mrope":
         rot, forward, layout = _mrope_rotary(module, config)
         _check_exact(module, rot, forward, name, model_type)
         return rot, forward, layout
+    # a query temperature in the RoPE dict stays with the model's attention code, which applies it
     settings = rope_settings(config, read_elsewhere=temperature_keys(config))
+    if getattr(module, "rope_type", None) == "default" and settings["scaling"] is not None:
+        settings = {**settings, "scaling": None}  # built to skip the config's scaling (Molmo2's unscaled one)
     forward, layout = _resolve(module, form, settings)
     rot = RotaryEmbedding(**{**settings, "layout": layout}).to(_device_of(module))
     _check_exact(module, rot, forward, name, model_type)
