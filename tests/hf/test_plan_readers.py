@@ -1,6 +1,8 @@
 """position_plan's readers beyond the patched families, each against transformers' own code: multi-head
 latent attention found by its config keys, EXAONE 4's NoPE globals, the length temperature of Ministral 3
-and Mistral 4, HunYuan's alpha; and the one key check that position_plan and rotary_from_config share."""
+and Mistral 4, HunYuan's alpha, the Qwen3.5 hybrids and the M-RoPE layouts of ERNIE-4.5-VL and
+HunYuan-V4-VL; the one key check that position_plan and rotary_from_config share, and the refusal of
+families whose code lays out M-RoPE sections posenc does not know."""
 
 from __future__ import annotations
 
@@ -159,8 +161,8 @@ YARN_PARAMS = {
         (
             {
                 **BASE,
-                "model_type": "hunyuan_vl_text",  # XD-RoPE: no M-RoPE layout in posenc
-                "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 2, 2, 2]},
+                "model_type": "mistral",  # sections in a family without M-RoPE
+                "rope_parameters": {"rope_theta": 1e4, "mrope_section": [2, 3, 3]},
             },
             "mrope_section",
         ),
@@ -278,3 +280,11 @@ def test_mrope_families_match_transformers_on_differing_axes_and_another_order_s
         cos = spec.module().cos_sin(pos)[0]
         cos = cos.repeat_interleave(2, -1) if spec.layout == "interleaved" else torch.cat((cos, cos), -1)
         assert bool(torch.allclose(cos, own.float(), atol=1e-5)) is close
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_omni", "hunyuan_vl"])
+def test_a_family_whose_code_lays_out_mrope_sections_unknown_to_posenc_is_refused(model_type):
+    """Their default configs carry no mrope_section, so the key check alone would plan them as 1-D RoPE;
+    their modeling code says they place positions on several axes."""
+    with pytest.raises(ValueError, match="lays out M-RoPE sections"):
+        position_plan(transformers.AutoConfig.for_model(model_type))

@@ -230,3 +230,15 @@ def test_the_inner_model_called_directly_places_its_keys_afresh():
     torch.testing.assert_close(model.lm_head(plain), want)
     assert (first - plain).abs().max() > 1e-3
     unpatch_model(model)
+
+
+def test_a_family_whose_cache_positions_the_remap_cannot_follow_is_refused_before_patching():
+    """Bamba (Mamba layers with attention on layers 1 and 4) counts its cache from layer 0, a Mamba layer, so
+    its decoding steps hand the rotary module position 0; the remap needs the keys' true positions. The
+    replica check decodes two tokens from a cache and refuses, leaving the model as it was."""
+    from posenc.hf import zoo
+
+    model = zoo._model_class("bamba")(zoo.tiny_config("bamba")).eval()
+    with pytest.raises(ValueError, match="cannot decode bamba from its cache"):
+        patch_model(model, remap=posenc.SelfExtend(1, 1 << 20))
+    assert not any(hasattr(m, "posenc_rotary") for m in model.modules())

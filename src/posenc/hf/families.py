@@ -60,7 +60,7 @@ class Family:
     patched: the single-RoPE path of patch_model is tested on it (tests/test_hf.py).
     plan: the reader of :mod:`posenc.hf.plan` that gives its per-layer plan ("gemma3", "qwen_vl", ...).
     attention: how its attention layers take cos/sin, for the families patched layer by layer.
-    mrope: its M-RoPE (the composite model_type's entry).
+    mrope: its M-RoPE (the composite model_type's entry; NeoMME's own, which is its language model).
     composite: its language model's config is its ``text_config``.
     mla: its attention is DeepSeek's multi-head latent attention (DeepSeek-AI 2024,
         arxiv.org/abs/2405.04434), read from its code: RoPE on the ``qk_rope_head_dim`` slice of q and of

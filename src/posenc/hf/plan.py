@@ -39,6 +39,7 @@ from ..rope import RotaryEmbedding
 from ..rope.mrope import MRotaryEmbedding
 from ._config import _get, _head_dim, rope_settings, temperature_keys
 from .families import family, having
+from .source import modeling_source
 
 __all__ = ["LayerPlan", "QueryTemperature", "Rope", "position_plan"]
 
@@ -504,17 +505,22 @@ _IGNORED_KEYS = {"chunk_size_feed_forward"}
 
 
 def text_config(config):
-    """The language model's config of a composite (vision-language) config; the config itself otherwise."""
+    """The language model's config of a composite (vision-language) config: a family known to be one, or
+    any config with a ``text_config`` and no RoPE keys of its own; the config itself otherwise."""
     if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
         config = config.config
     model_type = _get(config, "model_type", default="")
     inner = _get(config, "text_config")
-    if model_type in _COMPOSITE and inner is not None:
+    if inner is not None and (model_type in _COMPOSITE or not _has_rope_keys(config)):
         inner_type = _get(inner, "model_type") or f"{model_type}_text"
         if isinstance(inner, Mapping):
             inner = {**inner, "model_type": inner_type}
         return inner
     return config
+
+
+def _has_rope_keys(config) -> bool:
+    return any(_get(config, key) is not None for key in ("rope_parameters", "rope_scaling", "rope_theta"))
 
 
 def _check_keys(config) -> None:
@@ -547,6 +553,12 @@ def position_plan(config) -> tuple[LayerPlan, ...]:
     reader = READERS.get(model_type)
     if reader is not None:
         return reader(config)
+    known_mrope = model_type.removesuffix("_text") in MROPE_FAMILIES
+    if not known_mrope and "mrope_section" in modeling_source(model_type):
+        raise ValueError(
+            f"model_type {model_type!r}'s code lays out M-RoPE sections (positions on several axes), whose "
+            f"layout posenc does not know; known: {', '.join(sorted(MROPE_FAMILIES))}"
+        )
     if all(_get(config, key) is not None for key in MLA_KEYS):
         return _mla(config)
     if _get(config, "layer_types") and isinstance(_get(config, "rope_parameters"), Mapping):

@@ -6,8 +6,9 @@ does besides RoPE (its pairing of rotary channels, NoPE layers, bidirectional at
 latent attention's split heads, anything else a family adds) must be what posenc does too. Rather than
 knowing every family, the check builds the model's own class from its own config with the sizes made small
 (:mod:`posenc.hf.tiny`), patches it with a remap that moves no distance (:class:`posenc.remap.NoRemap`), and
-requires its logits to equal the unpatched replica's to float32 rounding; anything else is refused with the
-gap it found. Building and running the replica takes well under a second.
+requires its logits, of a prefill and of two tokens decoded from its cache, to equal the unpatched
+replica's to float32 rounding; anything else is refused with the gap it found or the error it raised.
+Building and running the replica takes well under a second.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from .tiny import MAX_PARAMETERS, shrunk
 
-__all__ = ["check_replica"]
+__all__ = ["cache_of", "check_replica", "decoded"]
 
 _PROBE = 12  # tokens
 
@@ -46,11 +47,35 @@ def _replica(model):
         ) from e
 
 
-def _logits(model, ids) -> torch.Tensor:
-    with torch.no_grad():
-        out = model(input_ids=ids, use_cache=False)
+def _output(out) -> torch.Tensor:
     found = getattr(out, "logits", None)
     return (found if found is not None else out.last_hidden_state).float()
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return _output(model(input_ids=ids, use_cache=False))
+
+
+def cache_of(out):
+    """The cache a transformers forward returned (``cache`` in transformers 5, ``past_key_values`` before)."""
+    found = getattr(out, "cache", None)
+    return found if found is not None else getattr(out, "past_key_values", None)
+
+
+def decoded(model, ids) -> torch.Tensor | None:
+    """Outputs of the last two tokens of ``ids`` (1, n) decoded one at a time from the cache of a prefill
+    of the others; None for a model that returns no cache. Raises whatever the model raises."""
+    with torch.no_grad():
+        cache = cache_of(model(input_ids=ids[:, :-2], use_cache=True))
+        if cache is None:
+            return None
+        steps = []
+        for i in (-2, -1):
+            out = model(input_ids=ids[:, i:][:, :1], cache=cache, use_cache=True)
+            cache = cache_of(out)
+            steps.append(_output(out))
+    return torch.cat(steps, 1)
 
 
 def check_replica(model, patch) -> None:
@@ -66,6 +91,10 @@ def check_replica(model, patch) -> None:
         raise ValueError(
             f"patch_model(remap=) could not run a tiny replica of {name} to check it: {e}"
         ) from e
+    try:
+        want_decoded = decoded(replica, ids)
+    except Exception:  # the family's own code cannot decode this replica: prefill alone is checked
+        want_decoded = None
     patch(replica)
     try:
         got = _logits(replica, ids)
@@ -74,6 +103,15 @@ def check_replica(model, patch) -> None:
             f"posenc's remapped attention cannot run {name}'s attention (a tiny replica, patched, raised "
             f"{type(e).__name__}: {e})"
         ) from e
+    if want_decoded is not None:
+        try:
+            got_decoded = decoded(replica, ids)
+        except Exception as e:
+            raise ValueError(
+                f"posenc's remapped attention cannot decode {name} from its cache (a tiny replica, patched, "
+                f"raised {type(e).__name__}: {e})"
+            ) from e
+        want, got = torch.cat((want, want_decoded), 1), torch.cat((got, got_decoded), 1)
     gap, scale = (got - want).abs().max().item(), want.abs().max().item()
     if not gap <= 1e-4 * scale + 1e-6:  # float32 rounding is ~1e-6 of the scale; NaN refused too
         raise ValueError(

@@ -69,6 +69,7 @@ _RELEASED = {
     # Qwen3.5 rotates a quarter of a 256-wide head: 32 pairs, as many as its mrope_section lists
     "qwen3_5_text": {"head_dim": 256},
     "qwen3_5_moe_text": {"head_dim": 256},
+    "bamba": {"attn_layer_indices": [1, 4]},  # its released models mix attention layers in; the default none
     # HunYuan-VL's XD-RoPE sections (its config class's default has none, which its code cannot run)
     "hunyuan_vl_text": {
         "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [16] * 4}

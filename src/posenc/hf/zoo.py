@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from .replica import decoded
+from .source import modeling_source
 from .tiny import MAX_PARAMETERS, shrunk
 
 __all__ = ["FAILURES", "ZooResult", "check", "markdown", "rope_model_types", "sweep", "tiny_config"]
@@ -74,21 +76,13 @@ class ZooResult:
         return self.status in FAILURES or self.remap in FAILURES
 
 
-def _modeling_source(model_type: str) -> str:
-    import transformers
-    from transformers.models.auto.configuration_auto import model_type_to_module_name
-
-    folder = Path(transformers.__file__).parent / "models" / model_type_to_module_name(model_type)
-    return "".join(p.read_text() for p in sorted(folder.glob("modeling_*.py"))) if folder.exists() else ""
-
-
 def rope_model_types() -> list[str]:
     """The model types transformers registers a model class for whose modeling code has a
     ``*RotaryEmbedding``, sorted."""
     from transformers.models.auto import modeling_auto
 
     registered = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(modeling_auto.MODEL_MAPPING_NAMES)
-    return sorted(t for t in registered if "RotaryEmbedding" in _modeling_source(t))
+    return sorted(t for t in registered if "RotaryEmbedding" in modeling_source(t))
 
 
 def tiny_config(model_type: str):
@@ -153,26 +147,12 @@ def _logits(model, ids, offset) -> torch.Tensor:
     return (found if found is not None else out.last_hidden_state).float()
 
 
-def _cache_of(out):
-    found = getattr(out, "cache", None)  # transformers 5's name; past_key_values before
-    return found if found is not None else getattr(out, "past_key_values", None)
-
-
 def _decoded(model, ids) -> torch.Tensor | None:
     """Logits of the last two tokens decoded one at a time after a cached prefill of the others; None for
-    a model without a cache."""
+    a model without a cache, or one whose cache needs more than token ids (an encoder)."""
     try:
-        with torch.no_grad():
-            cache = _cache_of(model(input_ids=ids[:, :-2], use_cache=True))
-            if cache is None:
-                return None
-            steps = []
-            for i in (-2, -1):
-                out = model(input_ids=ids[:, i:][:, :1], cache=cache, use_cache=True)
-                cache = _cache_of(out)
-                steps.append(out.logits.float())
-        return torch.cat(steps, 1)
-    except Exception:  # an encoder, or a model whose cache needs more than token ids
+        return decoded(model, ids)
+    except Exception:
         return None
 
 
