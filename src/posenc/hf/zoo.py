@@ -94,12 +94,20 @@ def tiny_config(model_type: str):
 
 
 def _model_class(model_type: str):
+    """The causal LM class of ``model_type``, or its base model where there is none or where the causal LM
+    class takes another config (a composite's text-only class, Qwen3.5's)."""
     import transformers
     from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    name = name or modeling_auto.MODEL_MAPPING_NAMES[model_type]
-    return getattr(transformers, name[0] if isinstance(name, tuple | list) else name)
+    def named(mapping):
+        name = mapping.get(model_type)
+        return getattr(transformers, name[0] if isinstance(name, tuple | list) else name) if name else None
+
+    causal = named(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    if causal is not None and issubclass(CONFIG_MAPPING[model_type], causal.config_class):
+        return causal
+    return named(modeling_auto.MODEL_MAPPING_NAMES) or causal
 
 
 def _rotary_modules(model) -> list:
