@@ -118,9 +118,9 @@ class MRotaryEmbedding(nn.Module):
 
     Shape:
         forward(q, k, positions, *, k_positions=None) -> (q, k): q (batch, heads, q_len, head_dim), k
-        (batch, kv_heads, k_len, head_dim); positions (3, batch, q_len) (time, height, width), or
-        (batch, q_len) / (q_len,) for text, which is the same on all three axes; k_positions the keys'
-        (default: ``positions``, when q and k have one length). It implements
+        (batch, kv_heads, k_len, head_dim); positions (axes, batch, q_len) (time, height, width: one row
+        per mrope_section entry), or (batch, q_len) / (q_len,) for text, the same on every axis; k_positions
+        the keys' (default: ``positions``, when q and k have one length). It implements
         :class:`~.protocol.RotaryProtocol`.
     """
 
@@ -168,7 +168,7 @@ class MRotaryEmbedding(nn.Module):
         self.inv_freq64, self.attention_factor = inv, float(attn)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, context_len=None):
-        """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (3, batch, seq)
+        """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (axes, batch, seq)
         positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2)). ``context_len``:
         the length a length-dependent schedule is taken at (default 1 + the largest of ``positions``)."""
         positions = _positions(positions, len(self.mrope_section))
@@ -200,7 +200,7 @@ class MRotaryEmbedding(nn.Module):
     def rotate(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, context_len=None
     ) -> torch.Tensor:
-        """Rotate one tensor x (batch, heads, seq, head_dim) by its (3, batch, seq) positions."""
+        """Rotate one tensor x (batch, heads, seq, head_dim) by its (axes, batch, seq) positions."""
         _needs_positions(positions)
         self._check("x", x, positions)
         return apply_rotary(x, *self._tables(x, positions, context_len), layout=self.layout)
@@ -214,9 +214,9 @@ class MRotaryEmbedding(nn.Module):
         k_positions: torch.Tensor | None = None,
         offset: int = 0,
     ):
-        """Rotate queries by their (3, batch, q_len) ``positions`` and keys by ``k_positions`` (3, batch,
-        k_len), by default the queries' when q and k have one length. ``offset`` (of 1-D RoPE's default
-        positions) has no meaning here: a non-zero one is refused."""
+        """Rotate queries by their (axes, batch, q_len) ``positions`` and keys by ``k_positions``
+        (axes, batch, k_len), by default the queries' when q and k have one length. ``offset`` (of 1-D
+        RoPE's default positions) has no meaning here: a non-zero one is refused."""
         _needs_positions(positions)
         if offset:
             raise ValueError(
@@ -256,7 +256,7 @@ class MRotaryEmbedding(nn.Module):
 def _needs_positions(positions) -> None:
     if positions is None:
         raise ValueError(
-            "MRotaryEmbedding needs positions=: (3, batch, seq) time/height/width ids, or text positions "
+            "MRotaryEmbedding needs positions=: (axes, batch, seq) time/height/width ids, or text positions "
             "(batch, seq) / (seq,)"
         )
 
@@ -274,7 +274,8 @@ def _positions(positions, axes: int = 3) -> torch.Tensor:
         )
     if positions.dim() not in (1, 2, 3):
         raise ValueError(
-            f"positions must have shape (3, batch, seq), (batch, seq) or (seq,), got {tuple(positions.shape)}"
+            f"positions must have shape ({axes}, batch, seq), (batch, seq) or (seq,), got "
+            f"{tuple(positions.shape)}"
         )
     if _checks.can_read(positions) and positions.numel() and bool((positions < 0).any()):
         raise ValueError(f"positions must be >= 0, got minimum {positions.min().item()}")  # CPU only: no sync
