@@ -233,9 +233,10 @@ def test_the_inner_model_called_directly_places_its_keys_afresh():
 
 
 def test_a_family_whose_cache_positions_the_remap_cannot_follow_is_refused_before_patching():
-    """Bamba (Mamba layers with attention on layers 1 and 4) counts its cache from layer 0, a Mamba layer, so
-    its decoding steps hand the rotary module position 0; the remap needs the keys' true positions. The
-    replica check decodes two tokens from a cache and refuses, leaving the model as it was."""
+    """Bamba (Mamba layers with attention on layers 1 and 4), called without position ids, numbers every
+    call's tokens from 0, cache or not, so its decoding steps hand the rotary module position 0; the remap
+    needs the keys' true positions. The replica check decodes two tokens from a cache and refuses, leaving
+    the model as it was."""
     from posenc.hf import zoo
 
     model = zoo._model_class("bamba")(zoo.tiny_config("bamba")).eval()
