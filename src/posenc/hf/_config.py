@@ -47,7 +47,7 @@ def _head_dim(config) -> int:
 
 # A config with RoPE carries at least one of these (transformers 5 standardises rope_parameters; older
 # config.json files name rope_theta or rope_scaling; GPT-NeoX / GPT-J their rotary fraction or width).
-_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_pct", "rotary_dim", "rotary_emb_base")
+ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_pct", "rotary_dim", "rotary_emb_base")
 # RoPE families whose config.json may name none of them (early Llama files relied on the default theta).
 _ROPE_MODEL_TYPES = frozenset(having("rope_implied"))
 
@@ -115,10 +115,10 @@ def _rope_config(config):
             f"{type(config).__name__}"
         )
     model_type = _get(config, "model_type", default="")
-    if model_type not in _ROPE_MODEL_TYPES and not any(_get(config, key) is not None for key in _ROPE_KEYS):
+    if model_type not in _ROPE_MODEL_TYPES and not any(_get(config, key) is not None for key in ROPE_KEYS):
         raise ValueError(
             f"config (model_type={model_type!r}) describes no rotary embedding: it has none of "
-            f"{', '.join(_ROPE_KEYS)}; its model uses another positional encoding"
+            f"{', '.join(ROPE_KEYS)}; its model uses another positional encoding"
         )
     return config
 

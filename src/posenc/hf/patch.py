@@ -238,8 +238,9 @@ def _plan_typed(module, name: str, config, model_type: str, layer_types: list[st
                 f"{type(module).__name__} ({name}, layer type {layer_type!r}) takes M-RoPE position ids of "
                 f"several axes, and posenc has no M-RoPE layout for model_type {model_type!r}"
             )
-        form = _handout(module, layer_type) if not mrope else "half"
-        if form is None or not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
+        form = None if mrope else _handout(module, layer_type)
+        known = mrope or form is not None
+        if not known or not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
             raise ValueError(
                 f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin for "
                 f"layer type {layer_type!r}"

@@ -30,14 +30,14 @@ without an M-RoPE reader, a temperature in a family whose attention does not app
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 
 import torch
 
 from ..rope import RotaryEmbedding
+from ..rope.frequencies import yarn_mscale
 from ..rope.mrope import MRotaryEmbedding
-from ._config import _get, _head_dim, rope_settings, temperature_keys
+from ._config import ROPE_KEYS, _get, _head_dim, rope_settings, temperature_keys
 from .families import family, having
 from .source import modeling_source
 
@@ -461,9 +461,7 @@ def _mla(config) -> tuple[LayerPlan, ...]:
     params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
     mscale_all_dim = params.get("mscale_all_dim")
     if params.get("rope_type", params.get("type", "default")) != "default" and mscale_all_dim:
-        factor = params["factor"]  # DeepSeek's YaRN: (0.1 * mscale_all_dim * ln(factor) + 1)^2
-        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
-        scale *= mscale * mscale
+        scale *= yarn_mscale(params["factor"], mscale_all_dim) ** 2  # DeepSeek's YaRN
     return tuple(
         dataclasses.replace(lp, scale=scale, shared_key=True) for lp in _single_rope_plan(config, rope)
     )
@@ -520,7 +518,7 @@ def text_config(config):
 
 
 def _has_rope_keys(config) -> bool:
-    return any(_get(config, key) is not None for key in ("rope_parameters", "rope_scaling", "rope_theta"))
+    return any(_get(config, key) is not None for key in ROPE_KEYS)
 
 
 def _check_keys(config) -> None:

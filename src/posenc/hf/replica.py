@@ -17,7 +17,7 @@ import torch
 
 from .tiny import MAX_PARAMETERS, shrunk
 
-__all__ = ["cache_of", "check_replica", "decoded"]
+__all__ = ["check_replica", "decoded", "output_of"]
 
 _PROBE = 12  # tokens
 
@@ -47,17 +47,18 @@ def _replica(model):
         ) from e
 
 
-def _output(out) -> torch.Tensor:
+def output_of(out) -> torch.Tensor:
+    """A forward's logits, or its last hidden state for a model without a head, in float32."""
     found = getattr(out, "logits", None)
     return (found if found is not None else out.last_hidden_state).float()
 
 
 def _logits(model, ids) -> torch.Tensor:
     with torch.no_grad():
-        return _output(model(input_ids=ids, use_cache=False))
+        return output_of(model(input_ids=ids, use_cache=False))
 
 
-def cache_of(out):
+def _cache_of(out):
     """The cache a transformers forward returned (``cache`` in transformers 5, ``past_key_values`` before)."""
     found = getattr(out, "cache", None)
     return found if found is not None else getattr(out, "past_key_values", None)
@@ -67,14 +68,14 @@ def decoded(model, ids) -> torch.Tensor | None:
     """Outputs of the last two tokens of ``ids`` (1, n) decoded one at a time from the cache of a prefill
     of the others; None for a model that returns no cache. Raises whatever the model raises."""
     with torch.no_grad():
-        cache = cache_of(model(input_ids=ids[:, :-2], use_cache=True))
+        cache = _cache_of(model(input_ids=ids[:, :-2], use_cache=True))
         if cache is None:
             return None
         steps = []
         for i in (-2, -1):
             out = model(input_ids=ids[:, i:][:, :1], cache=cache, use_cache=True)
-            cache = cache_of(out)
-            steps.append(_output(out))
+            cache = _cache_of(out)
+            steps.append(output_of(out))
     return torch.cat(steps, 1)
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from .replica import decoded
+from .replica import decoded, output_of
 from .source import modeling_source
 from .tiny import MAX_PARAMETERS, shrunk
 
@@ -150,9 +150,7 @@ def _logits(model, ids, offset) -> torch.Tensor:
     else:
         kwargs = {"position_ids": torch.arange(offset, offset + ids.shape[1])[None]} if offset else {}
     with torch.no_grad():
-        out = model(input_ids=ids, use_cache=False, **kwargs)
-    found = getattr(out, "logits", None)
-    return (found if found is not None else out.last_hidden_state).float()
+        return output_of(model(input_ids=ids, use_cache=False, **kwargs))
 
 
 def _decoded(model, ids) -> torch.Tensor | None:

@@ -60,6 +60,7 @@ __all__ = [
     "resolve_schedule",
     "rope_frequencies",
     "yarn_frequencies",
+    "yarn_mscale",
 ]
 
 Frequencies = tuple[torch.Tensor, float]
@@ -112,8 +113,9 @@ def dynamic_ntk_frequencies(
     return _schedule(dim, scaled), 1.0
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    # YaRN's attention temperature sqrt(1/t) = 0.1 ln(s) + 1 (Peng et al. 2023, eq. 22)
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature sqrt(1/t) = 0.1 mscale ln(scale) + 1 (Peng et al. 2023, eq. 22), 1 when
+    scale <= 1; DeepSeek's MLA also squares it into the softmax scale (``mscale_all_dim``)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -142,9 +144,9 @@ def yarn_frequencies(
     """
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
         else:
-            attention_factor = _yarn_mscale(factor)
+            attention_factor = yarn_mscale(factor)
 
     def correction_dim(rotations: float) -> float:
         # the (fractional) rotary dimension whose pair turns `rotations` times over the original context
