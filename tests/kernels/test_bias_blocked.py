@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import posenc
 from posenc.kernels.bias_blocked import bias_attention_blocked
 
 from ..bias.oracles import NAMES, make_bias, oracle_attention
@@ -71,6 +72,34 @@ def test_gradients_match_materialised_float64(c):
             assert g is None or float(g.abs().max()) == 0
         else:
             torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_fire_blocks_cross_every_segment(causal):
+    """FIRE's own block walker (a table for the rows before the threshold, each later row's segments searched
+    in that row, the parameters' gradients summed by hand) against autograd through the materialised bias in
+    float64, with the MLP's 32 breakpoints spread over [0, 1] so that rows cross every segment, in blocks that
+    straddle the threshold, and decoding queries (q_len < k_len)."""
+    bias = posenc.FireBias(3, hidden=32, train_len=100, threshold=90.5).double()
+    with torch.no_grad():
+        bias.mlp[0].weight.fill_(1.0)
+        bias.mlp[0].bias.copy_(-torch.linspace(0.01, 0.99, 32, dtype=torch.float64))
+        bias.c.fill_(0.3)
+    gen = torch.Generator().manual_seed(5)
+    for q_len in (300, 37):
+        q = torch.randn(2, 3, q_len, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+        k, v = (
+            torch.randn(2, 3, 300, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "kv"
+        )
+        got = bias_attention_blocked(q, k, v, bias, causal=causal, block=64)
+        want = _materialised(q, k, v, bias, causal)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        params = [q, k, v, *bias.parameters()]
+        grad = torch.randn(got.shape, dtype=torch.float64, generator=gen)
+        for g, w in zip(
+            torch.autograd.grad(got, params, grad), torch.autograd.grad(want, params, grad), strict=True
+        ):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("name,causal", [("t5", True), ("kerple-log", False), ("fire", True)])

@@ -52,8 +52,10 @@ class ScoreBias(KeepsPrecision):
     """Base class of additive score biases (see the module docstring).
 
     Subclasses set ``self.n_heads`` and implement :meth:`table` (``per_tile = False``) or :meth:`tile`
-    (``per_tile = True``). ``tile_width`` is the number of floats a tile bias computes per score (for FIRE the
-    MLP's hidden width plus the heads); the blocked kernel sizes its blocks by it. Buffers named in
+    (``per_tile = True``). ``tile_width`` is the number of floats per query-key pair (all heads together)
+    that a tile bias holds while it computes a block; the blocked kernel sizes its blocks by it. A tile bias
+    may also offer ``blocked_tiles(k_len, causal, work)``, its own block walker for that kernel (FIRE's sums
+    its gradients by hand; see :mod:`posenc.kernels.bias_blocked`). Buffers named in
     ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`). ``materialise_max``:
     the scores (batch x heads x q_len x k_len) up to which :func:`posenc.attention` materialises the bias on
     the CPU while its parameters are being trained, instead of running :meth:`blocked_attention`, where that

@@ -15,8 +15,9 @@ The kernel returns each block's log-sum-exp; backward calls the kernel's own bac
 output and log-sum-exp. Learnable biases need each block's score gradient dS = P * (dO V^T - rowsum(dO * O)),
 which the kernel does not return: for them the whole block backward runs in plain torch from P (recomputed
 from the saved log-sum-exp) and dS, five matmuls as in the kernel; for a table, table entry t collects the sum
-of dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, autograd of the
-recomputed tile against dS.
+of dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, the bias's own
+block walker when it has one (``bias.blocked_tiles``: FIRE's computes its parameters' gradients from dS by
+hand), else autograd of the recomputed tile against dS.
 
 Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache
 decoding).
@@ -30,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .blocked_common import check_qkv
+from .blocked_common import check_qkv, diagonal_sums
 from .blocked_common import flash as _flash
 from .blocked_common import flash_bwd as _flash_bwd
 from .blocked_common import work_dtype as _work_dtype
@@ -43,6 +44,10 @@ MAX_BLOCK = 512
 # small matmuls set its time (docs/fast-paths.md).
 TEMP_ELEMS = 1 << 23
 TABLE_BACKWARD_ELEMS = 1 << 25
+# A tile bias computes its blocks (bias.tile_width floats per query-key pair, all heads together) forward
+# and again backward; its blocks get the largest budget, as fewer, larger blocks were measured faster
+# (docs/fast-paths.md).
+TILE_ELEMS = 1 << 26
 
 
 def _pow2_floor(x: int) -> int:
@@ -74,13 +79,13 @@ class _Table:
     def new_grads(self):
         return [torch.zeros_like(self.tab)]
 
+    def finish(self, grads) -> list:
+        return grads
+
     def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
         """grads[0][:, off + t] += sum over a + j' = t of ds[:, a, j'] (ds: (heads, n, kend))."""
-        h = ds.shape[0]
-        width = kend + n - 1
-        skew = F.pad(ds, (0, n)).flatten(1)[:, : n * width].view(h, n, width).sum(1)
         off = p0 - kend + self.lk
-        grads[0][:, off : off + width] += skew
+        grads[0][:, off : off + kend + n - 1] += diagonal_sums(ds)
 
 
 class _Tile:
@@ -113,6 +118,9 @@ class _Tile:
             if d is not None:
                 g += d
 
+    def finish(self, grads) -> list:
+        return grads
+
 
 def _blocks(lq: int, lk: int, causal: bool, block: int):
     """(t0, t1, p0, kend): query rows [t0, t1) at positions p0.. and the keys [0, kend) they see."""
@@ -137,6 +145,8 @@ def _prepare(q, k, v, work):
 def _spec(tile_bias, inputs, lk: int, causal: bool, work, device):
     if tile_bias is None:
         return _Table(inputs[0].detach().to(work), lk)
+    if hasattr(tile_bias, "blocked_tiles"):  # the bias walks its own blocks and sums its own gradients
+        return tile_bias.blocked_tiles(lk, causal, work)
     return _Tile(tile_bias, inputs, lk, causal, work, device)
 
 
@@ -202,7 +212,9 @@ class BlockedBiasAttention(torch.autograd.Function):
             dk = dk.unflatten(1, (hk, h // hk)).sum(2)
             dv_ = dv_.unflatten(1, (hk, h // hk)).sum(2)
         input_grads = (
-            [g.to(x.dtype) for g, x in zip(grads, inputs, strict=True)] if want else [None] * len(inputs)
+            [g.to(x.dtype) for g, x in zip(spec.finish(grads), inputs, strict=True)]
+            if want
+            else [None] * len(inputs)
         )
         return dq[..., :d].to(q_dtype), dk.to(k_dtype), dv_.to(v_dtype), None, None, None, None, *input_grads
 
@@ -248,13 +260,16 @@ def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float |
         tile_bias, inputs = bias, tuple(p for p in bias.parameters() if p.requires_grad)
     else:
         tile_bias, inputs = None, (bias.distance_table(lk, causal, device=q.device),)
-    width = bias.tile_width if bias.per_tile else 0
-    if block is None:
+    if block is None and bias.per_tile:  # its tiles are per query-key pair, P and dS per head and batch row
+        width = bias.tile_width
         blocks = (
-            default_block(1, 1, lq, lk, width, bias.per_tile),
-            default_block(
-                b, h, lq, lk, 4 + width, True, TEMP_ELEMS if bias.per_tile else TABLE_BACKWARD_ELEMS
-            ),
+            default_block(1, 1, lq, lk, width, True, TILE_ELEMS),
+            default_block(1, 1, lq, lk, 4 * b * h + width, True, TILE_ELEMS),
+        )
+    elif block is None:
+        blocks = (
+            default_block(1, 1, lq, lk, 0, False),
+            default_block(b, h, lq, lk, 4, True, TABLE_BACKWARD_ELEMS),
         )
     else:
         blocks = (block, block)

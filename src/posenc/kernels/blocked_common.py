@@ -1,4 +1,5 @@
-"""What the blocked CPU attention kernels share: torch's CPU flash kernel, the work dtype, argument checks."""
+"""What the blocked CPU attention kernels share: torch's CPU flash kernel, the work dtype, argument checks,
+the sum of a block of scores along each distance."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; everything else is computed in float32 (half precision cannot hold the
     integer distances the kernels append or index with past 256 / 2048)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def diagonal_sums(x: torch.Tensor) -> torch.Tensor:
+    """(heads, m + k - 1) from a block x (heads, m, k) of scores against keys in reverse order: entry t is the
+    sum of x[:, a, j'] over a + j' = t, i.e. along one distance. A pad and a reshape ("skew"), no index."""
+    h, m, k = x.shape
+    width = k + m - 1
+    return torch.nn.functional.pad(x, (0, m)).flatten(1)[:, : m * width].view(h, m, width).sum(1)
 
 
 def check_qkv(q, k, v, block) -> None:
