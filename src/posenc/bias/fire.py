@@ -64,9 +64,15 @@ class FireBias(ScoreBias):
         """psi(i - j) / (psi(max(L, i)) + eps) for broadcastable position tensors i and j."""
         dtype = self.c.dtype
         i, j = i.to(dtype), j.to(dtype)
-        rel = torch.log(torch.abs(self.c * (i - j)) + 1)
-        norm = torch.log(torch.abs(self.c * torch.maximum(i, self.threshold)) + 1) + self.eps
-        return rel / norm
+        return self.psi(i - j) / self.normaliser(i)
+
+    def psi(self, distance: torch.Tensor) -> torch.Tensor:
+        """psi(d) = log(c |d| + 1), elementwise, in the parameters' dtype."""
+        return torch.log(torch.abs(self.c * distance) + 1)
+
+    def normaliser(self, i: torch.Tensor) -> torch.Tensor:
+        """The normaliser of a query at position i: psi(max(L, i)) + eps, elementwise."""
+        return self.psi(torch.maximum(i, self.threshold)) + self.eps
 
     def _mlp(self, u: torch.Tensor, h=None) -> torch.Tensor:
         """f(u) on the last axis: (..., heads), or head h's value (broadcast like u) when h is given."""
@@ -99,13 +105,7 @@ class FireBias(ScoreBias):
     def tile(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         """(heads, nq, nk): f(u) = slope_s u + intercept_s on u's segment s, equal to the MLP (to rounding)
         at a few ops per score instead of ~hidden x heads."""
-        u = self.normalised_distance(q_pos[:, None], k_pos[None, :])
-        bp, slope, intercept = self.pieces()
-        seg = torch.searchsorted(bp, u.detach().contiguous(), right=True)
-        idx = seg.reshape(1, -1).expand(slope.shape[0], -1)  # gather, whose backward is a scatter_add
-        return torch.addcmul(
-            intercept.gather(1, idx).view(-1, *u.shape), slope.gather(1, idx).view(-1, *u.shape), u[None]
-        )
+        return _piecewise(self.normalised_distance(q_pos[:, None], k_pos[None, :]), *self.pieces())
 
     def blocked_tiles(self, k_len: int, causal: bool, work: torch.dtype):
         """The blocked CPU kernel's view of this bias (:mod:`posenc.kernels.bias_blocked`): its blocks against
@@ -129,6 +129,16 @@ class FireBias(ScoreBias):
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, hidden={self.hidden}, train_len={self.train_len}"
+
+
+def _piecewise(u: torch.Tensor, bp, slope: torch.Tensor, intercept: torch.Tensor) -> torch.Tensor:
+    """(heads, *u.shape): slope_s u + intercept_s on u's segment s, from :meth:`FireBias.pieces`; the segment
+    choice carries no gradient, the rest does (a gather, whose backward is a scatter_add)."""
+    seg = torch.searchsorted(bp, u.detach().contiguous(), right=True)
+    idx = seg.reshape(1, -1).expand(slope.shape[0], -1)
+    return torch.addcmul(
+        intercept.gather(1, idx).view(-1, *u.shape), slope.gather(1, idx).view(-1, *u.shape), u[None]
+    )
 
 
 class FireBlocks:
@@ -172,7 +182,11 @@ class FireBlocks:
             # valid u (they are masked), which needs psi non-decreasing in the distance, as log(c d + 1) is
             rises = bool((self.psi[k_len - 1 :].diff() >= 0).all())
             self.row_search = causal and rises
-            self.psi_rows = torch.cat((self.psi.new_full((k_len - 1,), -1.0), self.psi[k_len - 1 :]))
+            self.psi_src = (
+                torch.cat((self.psi.new_full((k_len - 1,), -1.0), self.psi[k_len - 1 :]))
+                if self.row_search
+                else self.psi
+            )
         self._last = None
 
     def _psi_norm(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,17 +195,12 @@ class FireBlocks:
         b = self.bias
         dtype, device = b.c.dtype, b.c.device
         d = torch.arange(1 - self.lk, self.lk, device=device).to(dtype)
-        i = torch.arange(self.lk, device=device).to(dtype)
-        psi = torch.log(torch.abs(b.c * d) + 1)
-        norm = torch.log(torch.abs(b.c * torch.maximum(i, b.threshold)) + 1) + b.eps
-        return psi, norm
+        return b.psi(d), b.normaliser(torch.arange(self.lk, device=device).to(dtype))
 
     def _table(self, psi, norm, slope, intercept) -> torch.Tensor:
         """(heads, 2 k_len - 1): the bias of a query before the threshold at each distance (-inf at the
         negative ones when causal); differentiable in its inputs."""
-        u = psi / norm[0]
-        seg = torch.searchsorted(self.bp, u.detach(), right=True)
-        tab = torch.addcmul(intercept[:, seg], slope[:, seg], u)
+        tab = _piecewise(psi / norm[0], self.bp, slope, intercept)
         if self.causal:
             tab = torch.cat((tab.new_full((tab.shape[0], self.lk - 1), -math.inf), tab[:, self.lk - 1 :]), 1)
         return tab
@@ -207,7 +216,7 @@ class FireBlocks:
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         m, start = n - r, p0 + r - kend + self.lk
-        src = self.psi_rows if self.row_search else self.psi
+        src = self.psi_src
         psi = src.as_strided((m, kend), (1, 1), src.storage_offset() + start)
         u = (psi / self.norm[p0 + r : p0 + n, None]).contiguous()
         edges = None

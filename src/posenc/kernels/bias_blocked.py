@@ -65,7 +65,15 @@ def default_block(
     return max(1, min(n, q_len))
 
 
-class _Table:
+class _Walker:
+    """What the kernel asks of a bias's blocks: mask(p0, n, kend), new_grads(), accumulate(grads, p0, n, kend,
+    ds), finish(grads) -> the inputs' gradients (here the accumulated ones as they are)."""
+
+    def finish(self, grads) -> list:
+        return grads
+
+
+class _Table(_Walker):
     """A table bias: the (heads, 2 lk - 1) distance table, blocks as strided views against reversed keys."""
 
     def __init__(self, tab: torch.Tensor, lk: int):
@@ -79,16 +87,13 @@ class _Table:
     def new_grads(self):
         return [torch.zeros_like(self.tab)]
 
-    def finish(self, grads) -> list:
-        return grads
-
     def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
         """grads[0][:, off + t] += sum over a + j' = t of ds[:, a, j'] (ds: (heads, n, kend))."""
         off = p0 - kend + self.lk
         grads[0][:, off : off + kend + n - 1] += diagonal_sums(ds)
 
 
-class _Tile:
+class _Tile(_Walker):
     """A tile bias: each block's bias computed by ``bias.tile`` at reversed key positions."""
 
     def __init__(self, bias, params, lk: int, causal: bool, work: torch.dtype, device):
@@ -117,9 +122,6 @@ class _Tile:
         for g, d in zip(grads, got, strict=True):
             if d is not None:
                 g += d
-
-    def finish(self, grads) -> list:
-        return grads
 
 
 def _blocks(lq: int, lk: int, causal: bool, block: int):
