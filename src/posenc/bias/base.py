@@ -53,9 +53,10 @@ class ScoreBias(KeepsPrecision):
 
     Subclasses set ``self.n_heads`` and implement :meth:`table` (``per_tile = False``) or :meth:`tile`
     (``per_tile = True``). ``tile_width`` is the number of floats per query-key pair (all heads together)
-    that a tile bias holds while it computes a block; the blocked kernel sizes its blocks by it. A tile bias
-    may also offer ``blocked_tiles(k_len, causal, work)``, its own block walker for that kernel (FIRE's sums
-    its gradients by hand; see :mod:`posenc.kernels.bias_blocked`). Buffers named in
+    that a tile bias holds while it computes a block; the blocked kernel sizes its blocks by it. The kernel
+    walks a bias's blocks through :meth:`block_walker` over :meth:`walker_inputs` (the one hook,
+    :mod:`posenc.kernels.block_walkers`); a bias with a faster walk of its own overrides it (FIRE sums its
+    gradients by hand). Buffers named in
     ``precise_buffers`` keep their dtype under ``.half()`` (:mod:`posenc._precision`). ``materialise_max``:
     the scores (batch x heads x q_len x k_len) up to which :func:`posenc.attention` materialises the bias on
     the CPU while its parameters are being trained, instead of running :meth:`blocked_attention`, where that
@@ -140,6 +141,24 @@ class ScoreBias(KeepsPrecision):
         from ..kernels.bias_blocked import bias_attention_blocked
 
         return bias_attention_blocked(q, k, v, self, causal=causal, scale=scale)
+
+    def walker_inputs(self, k_len: int, causal: bool, device) -> tuple[torch.Tensor, ...]:
+        """The tensors the blocked kernel differentiates for this bias: a table bias's (n_heads, 2 k_len - 1)
+        :meth:`distance_table`, a tile bias's parameters that require grad."""
+        if self.per_tile:
+            return tuple(p for p in self.parameters() if p.requires_grad)
+        return (self.distance_table(k_len, causal, device=device),)
+
+    def block_walker(self, inputs, k_len: int, causal: bool, work: torch.dtype):
+        """The blocked kernel's :class:`~posenc.kernels.block_walkers.BlockWalker` for one call over
+        ``inputs`` (:meth:`walker_inputs`), in the kernel's ``work`` dtype: a table bias's blocks as views of
+        its distance table, a tile bias's computed by :meth:`tile` (gradients by autograd against dS)."""
+        from ..kernels.block_walkers import TableWalker, TileWalker
+
+        if self.per_tile:
+            device = inputs[0].device if inputs else self._device()
+            return TileWalker(self, inputs, k_len, causal, work, device)
+        return TableWalker(inputs[0].detach().to(work), k_len)
 
     def mask_mod(self, q_len: int, k_len: int | None = None):
         """A FlexAttention ``mask_mod``: bottom-right causal masking, True where a key is visible."""

@@ -14,10 +14,11 @@ Queries go in blocks of n; each block is one call of
 The kernel returns each block's log-sum-exp; backward calls the kernel's own backward per block with the saved
 output and log-sum-exp. Learnable biases need each block's score gradient dS = P * (dO V^T - rowsum(dO * O)),
 which the kernel does not return: for them the whole block backward runs in plain torch from P (recomputed
-from the saved log-sum-exp) and dS, five matmuls as in the kernel; for a table, table entry t collects the sum
-of dS along its (anti-)diagonal (a pad-and-reshape "skew", no index tensor); for a tile, the bias's own
-block walker when it has one (``bias.blocked_tiles``: FIRE's computes its parameters' gradients from dS by
-hand), else autograd of the recomputed tile against dS.
+from the saved log-sum-exp) and dS, five matmuls as in the kernel. Each block's bias, and what its dS adds
+to the bias's gradients, come from the bias's block walker (:mod:`.block_walkers`, the one hook:
+``bias.block_walker``): for a table, table entry t collects the sum of dS along its (anti-)diagonal (a
+pad-and-reshape "skew", no index tensor); for a tile, autograd of the recomputed tile against dS, or the
+bias's own walker (FIRE's, :mod:`.fire_walker`, computes its parameters' gradients from dS by hand).
 
 Bottom-right causal alignment: with q_len < k_len the queries are the last q_len positions (KV-cache
 decoding).
@@ -31,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .blocked_common import check_qkv, diagonal_sums
+from .blocked_common import check_qkv
 from .blocked_common import flash as _flash
 from .blocked_common import flash_bwd as _flash_bwd
 from .blocked_common import work_dtype as _work_dtype
@@ -65,65 +66,6 @@ def default_block(
     return max(1, min(n, q_len))
 
 
-class _Walker:
-    """What the kernel asks of a bias's blocks: mask(p0, n, kend), new_grads(), accumulate(grads, p0, n, kend,
-    ds), finish(grads) -> the inputs' gradients (here the accumulated ones as they are)."""
-
-    def finish(self, grads) -> list:
-        return grads
-
-
-class _Table(_Walker):
-    """A table bias: the (heads, 2 lk - 1) distance table, blocks as strided views against reversed keys."""
-
-    def __init__(self, tab: torch.Tensor, lk: int):
-        self.tab, self.lk = tab.contiguous(), lk
-
-    def mask(self, p0: int, n: int, kend: int) -> torch.Tensor:
-        h, s = self.tab.shape[0], self.tab.stride(0)
-        off = p0 - kend + self.lk
-        return self.tab.as_strided((1, h, n, kend), (0, s, 1, 1), self.tab.storage_offset() + off)
-
-    def new_grads(self):
-        return [torch.zeros_like(self.tab)]
-
-    def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
-        """grads[0][:, off + t] += sum over a + j' = t of ds[:, a, j'] (ds: (heads, n, kend))."""
-        off = p0 - kend + self.lk
-        grads[0][:, off : off + kend + n - 1] += diagonal_sums(ds)
-
-
-class _Tile(_Walker):
-    """A tile bias: each block's bias computed by ``bias.tile`` at reversed key positions."""
-
-    def __init__(self, bias, params, lk: int, causal: bool, work: torch.dtype, device):
-        self.bias, self.params, self.lk, self.causal, self.work = bias, params, lk, causal, work
-        self.pos = torch.arange(lk, device=device)
-
-    def _positions(self, p0: int, n: int, kend: int):
-        return self.pos[p0 : p0 + n], self.pos[:kend].flip(0)
-
-    def mask(self, p0: int, n: int, kend: int) -> torch.Tensor:
-        i, j = self._positions(p0, n, kend)
-        with torch.no_grad():
-            t = self.bias.tile(i, j).to(self.work)
-        if self.causal:
-            t = t.masked_fill((j[None, :] > i[:, None])[None], -math.inf)
-        return t[None]
-
-    def new_grads(self):
-        return [torch.zeros_like(p) for p in self.params]
-
-    def accumulate(self, grads, p0: int, n: int, kend: int, ds: torch.Tensor) -> None:
-        i, j = self._positions(p0, n, kend)
-        with torch.enable_grad():
-            t = self.bias.tile(i, j)
-            got = torch.autograd.grad(t, self.params, ds.to(t.dtype), allow_unused=True)
-        for g, d in zip(grads, got, strict=True):
-            if d is not None:
-                g += d
-
-
 def _blocks(lq: int, lk: int, causal: bool, block: int):
     """(t0, t1, p0, kend): query rows [t0, t1) at positions p0.. and the keys [0, kend) they see."""
     shift = lk - lq
@@ -144,24 +86,16 @@ def _prepare(q, k, v, work):
     return qw, kr, vr
 
 
-def _spec(tile_bias, inputs, lk: int, causal: bool, work, device):
-    if tile_bias is None:
-        return _Table(inputs[0].detach().to(work), lk)
-    if hasattr(tile_bias, "blocked_tiles"):  # the bias walks its own blocks and sums its own gradients
-        return tile_bias.blocked_tiles(lk, causal, work)
-    return _Tile(tile_bias, inputs, lk, causal, work, device)
-
-
 class BlockedBiasAttention(torch.autograd.Function):
     """out = softmax(q k^T * scale + b_h(i, j) (+ causal mask)) v, block by block (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, tile_bias, causal: bool, scale: float, blocks: tuple, *inputs):
+    def forward(ctx, q, k, v, bias, causal: bool, scale: float, blocks: tuple, *inputs):
         b, h, lq, d = q.shape
         lk, dv = k.shape[2], v.shape[-1]
         work = _work_dtype(q.dtype)
         qw, kr, vr = _prepare(q, k, v, work)
-        spec = _spec(tile_bias, inputs, lk, causal, work, q.device)
+        walker = bias.block_walker(inputs, lk, causal, work)
         out = qw.new_empty((b, h, lq, qw.shape[-1]))
         lse = qw.new_empty((b, h, lq))
         for t0, t1, p0, kend in _blocks(lq, lk, causal, blocks[0]):
@@ -169,13 +103,13 @@ class BlockedBiasAttention(torch.autograd.Function):
                 qw[:, :, t0:t1],
                 kr[:, :, lk - kend :],
                 vr[:, :, lk - kend :],
-                attn_mask=spec.mask(p0, t1 - t0, kend),
+                attn_mask=walker.mask(p0, t1 - t0, kend),
                 scale=scale,
             )
             out[:, :, t0:t1] = o
             lse[:, :, t0:t1] = l_
         ctx.save_for_backward(qw, kr, vr, out, lse, *inputs)
-        ctx.tile_bias, ctx.causal, ctx.scale, ctx.blocks = tile_bias, causal, scale, blocks
+        ctx.bias, ctx.causal, ctx.scale, ctx.blocks = bias, causal, scale, blocks
         ctx.dims = (d, dv, k.shape[1], q.dtype, k.dtype, v.dtype)
         return out[..., :dv].to(q.dtype)
 
@@ -185,13 +119,13 @@ class BlockedBiasAttention(torch.autograd.Function):
         d, dv, hk, q_dtype, k_dtype, v_dtype = ctx.dims
         b, h, lq, e = qw.shape
         lk, work = kr.shape[2], qw.dtype
-        spec = _spec(ctx.tile_bias, inputs, lk, ctx.causal, work, qw.device)
+        walker = ctx.bias.block_walker(inputs, lk, ctx.causal, work)
         want = any(ctx.needs_input_grad[7:])
         go = F.pad(grad_out.to(work), (0, e - dv))
         dq, dkr, dvr = torch.zeros_like(qw), torch.zeros_like(kr), torch.zeros_like(vr)
-        grads = spec.new_grads() if want else None
+        grads = walker.new_grads() if want else None
         for t0, t1, p0, kend in _blocks(lq, lk, ctx.causal, ctx.blocks[1] if want else ctx.blocks[0]):
-            mask = spec.mask(p0, t1 - t0, kend)
+            mask = walker.mask(p0, t1 - t0, kend)
             qb, gob, ob, lb = (
                 qw[:, :, t0:t1],
                 go[:, :, t0:t1],
@@ -201,7 +135,7 @@ class BlockedBiasAttention(torch.autograd.Function):
             kb, vb = kr[:, :, lk - kend :], vr[:, :, lk - kend :]
             if want:  # the bias needs dS, so the whole block's backward is done here, from P and dS
                 dqp, dkp, dvp, ds = _backward_with_ds(qb, kb, vb, gob, ob, lb, mask, ctx.scale)
-                spec.accumulate(grads, p0, t1 - t0, kend, ds.sum(0))
+                walker.accumulate(grads, p0, t1 - t0, kend, ds.sum(0))
             else:
                 dqp, dkp, dvp = _flash_bwd(
                     gob, qb, kb, vb, ob, lb, 0.0, False, attn_mask=mask, scale=ctx.scale
@@ -214,7 +148,7 @@ class BlockedBiasAttention(torch.autograd.Function):
             dk = dk.unflatten(1, (hk, h // hk)).sum(2)
             dv_ = dv_.unflatten(1, (hk, h // hk)).sum(2)
         input_grads = (
-            [g.to(x.dtype) for g, x in zip(spec.finish(grads), inputs, strict=True)]
+            [g.to(x.dtype) for g, x in zip(walker.finish(grads), inputs, strict=True)]
             if want
             else [None] * len(inputs)
         )
@@ -240,7 +174,7 @@ def _backward_with_ds(qb, kb, vb, gob, ob, lb, mask, scale: float):
 def _check(q, k, v, bias, block) -> None:
     check_qkv(q, k, v, block)
     h = q.shape[1]
-    if getattr(bias, "n_heads", None) != h or not (hasattr(bias, "tile") and hasattr(bias, "per_tile")):
+    if getattr(bias, "n_heads", None) != h or not callable(getattr(bias, "block_walker", None)):
         raise ValueError(
             f"bias must be a posenc ScoreBias with n_heads={h} (q's heads), got {type(bias).__name__} with "
             f"n_heads={getattr(bias, 'n_heads', None)}"
@@ -258,10 +192,7 @@ def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float |
     b, h, lq, _ = q.shape
     lk = k.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    if bias.per_tile:
-        tile_bias, inputs = bias, tuple(p for p in bias.parameters() if p.requires_grad)
-    else:
-        tile_bias, inputs = None, (bias.distance_table(lk, causal, device=q.device),)
+    inputs = bias.walker_inputs(lk, bool(causal), q.device)
     if block is None and bias.per_tile:  # its tiles are per query-key pair, P and dS per head and batch row
         width = bias.tile_width
         blocks = (
@@ -275,4 +206,4 @@ def bias_attention_blocked(q, k, v, bias, *, causal: bool = True, scale: float |
         )
     else:
         blocks = (block, block)
-    return BlockedBiasAttention.apply(q, k, v, tile_bias, bool(causal), scale, blocks, *inputs)
+    return BlockedBiasAttention.apply(q, k, v, bias, bool(causal), scale, blocks, *inputs)
