@@ -59,15 +59,27 @@ def number(name: str, value, *, minimum: float | None = None, strict: bool = Fal
 MAX_SIZE = 1 << 20
 
 
-def positive_int(name: str, value, minimum: int = 1, *, size: bool = False) -> int:
+# The largest position, offset or distance (a window, a group size, a chunk): positions, angles and remapped
+# positions are formed in float64, which holds every integer up to 2^53 exactly and no longer tells larger
+# neighbours apart (int64 tensors would wrap past 2^63 instead).
+MAX_POSITION = 1 << 53
+
+
+def positive_int(name: str, value, minimum: int = 1, *, size: bool = False, position: bool = False) -> int:
     """``value`` as a Python int >= ``minimum`` (a numpy scalar or one-element tensor converted; callers use
-    the returned value); with ``size``, also <= :data:`MAX_SIZE`."""
+    the returned value); with ``size``, also <= :data:`MAX_SIZE`; with ``position`` (a position, an offset,
+    a distance), <= :data:`MAX_POSITION`."""
     value = plain(value)
     if isinstance(value, bool) or not isinstance(value, _INT) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     if size and value > MAX_SIZE:
         raise ValueError(
             f"{name} must be an integer <= {MAX_SIZE} (it sizes the tensors this allocates), got {value!r}"
+        )
+    if position and value > MAX_POSITION:
+        raise ValueError(
+            f"{name} must be an integer in [{minimum}, 2^53 = {MAX_POSITION}] (positions are formed in "
+            f"float64, exact up to 2^53), got {value!r}"
         )
     return value
 
@@ -80,7 +92,8 @@ def even_int(name: str, value, minimum: int = 2, *, size: bool = True) -> int:
     return value
 
 
-def positive_float(name: str, value) -> float:
+def positive_float(name: str, value, *, maximum: float | None = None, why: str = "") -> float:
+    """A finite number > 0 as a float; with ``maximum``, also <= it (``why``: what a larger one breaks)."""
     value = plain(value)
     if (
         isinstance(value, bool)
@@ -89,11 +102,37 @@ def positive_float(name: str, value) -> float:
         or value <= 0
     ):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be a finite number in (0, {maximum:g}] ({why}), got {value!r}")
     return float(value)
 
 
-def non_negative_int(name: str, value) -> int:
-    return positive_int(name, value, minimum=0)
+def non_negative_int(name: str, value, *, position: bool = False) -> int:
+    return positive_int(name, value, minimum=0, position=position)
+
+
+def offset(value) -> int:
+    """A start position (``offset=``): an integer in [0, :data:`MAX_POSITION`]."""
+    return positive_int("offset", value, minimum=0, position=True)
+
+
+# softmax(scale * q.k) with a larger scale overflows float32 scores (and float16 ones far sooner) to inf,
+# and a row holding inf turns into NaN; attention scales are 1/sqrt(head_dim) or near it.
+MAX_SCALE = 1e4
+
+
+def scale(value) -> float:
+    """An attention ``scale``: a finite number in (0, :data:`MAX_SCALE`]."""
+    why = "it multiplies every score: larger ones overflow the scores to inf"
+    return positive_float("scale", value, maximum=MAX_SCALE, why=why)
+
+
+def boolean(name: str, value) -> bool:
+    """A bool (numpy's and one-element bool tensors included), not a number or None standing for one."""
+    value = plain(value)
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def one_of(name: str, value, allowed: Iterable[str]) -> str:
@@ -117,6 +156,9 @@ def tensor_rank(name: str, x, min_rank: int) -> torch.Tensor:
     return x
 
 
+NOT_POSITIONS = (torch.bool, torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+
+
 def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
     """Check a positions tensor: shape ``(seq,)`` or ``(batch, seq)``, integer or floating, finite, >= 0.
 
@@ -126,11 +168,6 @@ def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
         raise ValueError(
             f"positions must be a torch.Tensor of shape (seq,) or (batch, seq), got {type(value).__name__}"
         )
-    if value.dtype in (torch.bool, torch.uint8) or value.is_complex():
-        raise ValueError(
-            f"positions must have an integer or floating dtype, got {value.dtype} "
-            "(bool and uint8 tensors index as masks in torch, not as positions; use int64)"
-        )
     if value.dim() not in (1, 2) or value.shape[-1] != seq_len:
         raise ValueError(
             f"positions must have shape ({seq_len},) or (batch, {seq_len}) to match seq length {seq_len}, "
@@ -138,10 +175,29 @@ def positions(value, seq_len: int, batch: int | None = None) -> torch.Tensor:
         )
     if value.dim() == 2 and batch is not None and value.shape[0] not in (1, batch):
         raise ValueError(f"positions has batch size {value.shape[0]}, but the input's batch size is {batch}")
+    return position_values(value)
+
+
+def position_values(value: torch.Tensor, name: str = "positions") -> torch.Tensor:
+    """A positions tensor of any shape: a signed integer or floating dtype, and on the CPU outside tracing
+    values finite and in [0, :data:`MAX_POSITION`]."""
+    if value.dtype in NOT_POSITIONS or value.is_complex():
+        raise ValueError(
+            f"{name} must have a signed integer or floating dtype, got {value.dtype} "
+            "(bool and uint8 tensors index as masks in torch, not as positions, and torch's other unsigned "
+            "dtypes lack most operations; use int64)"
+        )
     if not can_read(value):
         return value  # values unchecked on accelerators and while tracing: see can_read
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        raise ValueError("positions must be finite, got NaN or inf")
-    if value.numel() and bool((value < 0).any()):
-        raise ValueError(f"positions must be >= 0, got minimum {value.min().item()}")
+        raise ValueError(f"{name} must be finite, got NaN or inf")
+    if value.numel():
+        low, high = (t.item() for t in value.aminmax())
+        if low < 0:
+            raise ValueError(f"{name} must be >= 0, got minimum {low}")
+        if high > MAX_POSITION:
+            raise ValueError(
+                f"{name} must be <= 2^53 = {MAX_POSITION} (angles are formed in float64, exact up to "
+                f"2^53), got maximum {high}"
+            )
     return value

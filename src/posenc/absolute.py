@@ -107,7 +107,8 @@ class LearnedEmbedding(nn.Module):
         self.max_len = _checks.positive_int("max_len", max_len, size=True)
         self.d_model = _checks.positive_int("d_model", d_model, size=True)
         self.weight = nn.Parameter(
-            torch.randn(max_len, d_model) * _checks.positive_float("init_std", init_std)
+            torch.randn(max_len, d_model)
+            * _checks.positive_float("init_std", init_std, maximum=1e30, why="the table is float32")
         )
 
     def forward(

@@ -377,7 +377,10 @@ def attention(
     Returns:
         (batch, heads, q_len, v_dim).
     """
+    causal = _checks.boolean("causal", causal)
     _check_qkv(q, k, v, causal)
+    offset = _checks.offset(offset)
+    scale = None if scale is None else _checks.scale(scale)
     if log_forget is not None or rel_states is not None or rel_table is not None:
         terms, others = (log_forget, rel_states, rel_table), {"remap": remap, "sinks": sinks}
         return _from_hidden_state(
@@ -388,7 +391,7 @@ def attention(
             q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks
         )
     q, k = _rotate(rotary, q, k, positions, k_positions, offset)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _checks.positive_float("scale", scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if q.shape[-2] == 0:  # empty in, empty out, whatever the scheme
         return q.new_empty(*q.shape[:-1], v.shape[-1])
     return _attend(q, k, v, bias, causal, scale)

@@ -106,3 +106,16 @@ def test_bad_sinks_are_refused_by_name(kwargs, message):
     q = torch.randn(1, 2, 6, 8)
     with pytest.raises(ValueError, match=message):
         posenc.attention(q, q, q, rotary=posenc.RotaryEmbedding(8), **kwargs)
+
+
+def test_sinks_accept_every_length_plain_attention_does():
+    """A rotary that knows its trained length (max_position_embeddings) limits no plain attention call, and
+    sinks= (no remap: every distance as it is) adds none: past that length it is still the oracle."""
+    rope = posenc.RotaryEmbedding(8, max_position_embeddings=4)
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=gen, dtype=torch.float64) for n in (3, 9, 9))
+    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64)
+    got = posenc.attention(q, k, v, rotary=rope, sinks=sinks)
+    want = R.remapped_attention(q, k, v, _plain_distance(3, 9, 0), sinks=sinks.numpy())
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+    NoRemap().check_length(10**6, 4)  # NoRemap extends nothing, so it refuses nothing

@@ -51,7 +51,8 @@ class FireBias(ScoreBias):
         # prefix sums, and per head slope, intercept, bias and two backward products)
         self.tile_width = 5 * n_heads + 3
         self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, n_heads))
-        self.c = nn.Parameter(torch.tensor(_checks.positive_float("c", c)))
+        why = "c |i - j| must fit float32 at every distance up to 2^53"
+        self.c = nn.Parameter(torch.tensor(_checks.positive_float("c", c, maximum=1e22, why=why)))
         self.register_buffer("init_threshold", torch.tensor(threshold))
         self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
 

@@ -36,6 +36,7 @@ def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
     calls = model._posenc_remap_calls
     sink_tokens = _checks.positive_int("sink_tokens", sink_tokens, minimum=0, size=True)
     window = _checks.positive_int("window", window, size=True)
+    _check_fits(model, sink_tokens, window)
 
     class StreamingLayer(DynamicLayer):
         def __init__(self):
@@ -70,3 +71,26 @@ def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
             super(DynamicCache, self).__init__(layer_class_to_replicate=StreamingLayer)
 
     return StreamingCache()
+
+
+def _check_fits(model, sink_tokens: int, window: int) -> None:
+    """Refuse a cache whose kept tokens, at cache positions 0 .. sink_tokens + window - 1, would meet
+    (remapped) distances past the trained length of the patched rotary (an unscaled one that knows it)."""
+    for module in model.modules():
+        state = getattr(module, "_posenc_remap", None)
+        if state is None:
+            continue
+        rotary, remap = state[0], state[1]
+        trained = rotary.max_position_embeddings if rotary.scaling is None else None
+        kept = sink_tokens + window
+        if trained is not None and remap.distance(kept - 1) > trained - 1:
+            low, high = 1, kept  # the most kept tokens the remap maps inside the trained length
+            while high - low > 1:
+                mid = (low + high) // 2
+                low, high = (mid, high) if remap.distance(mid - 1) <= trained - 1 else (low, mid)
+            raise ValueError(
+                f"sink_tokens={sink_tokens} + window={window} = {kept} kept tokens reach distance "
+                f"{remap.distance(kept - 1):g} under {remap!r}, past the model's trained length "
+                f"max_position_embeddings={trained}: sink_tokens + window must be <= {low}"
+            )
+        return

@@ -89,6 +89,10 @@ class NoRemap(Remap):
     def distance(self, d: float) -> float:
         return d
 
+    def check_length(self, k_len: int, trained: int | None) -> None:
+        """Nothing to refuse: every distance stays as it is, so this attends as ``attention`` without a
+        remap does, at any length."""
+
 
 def _views_block(q, k, v, q_pos, k_pos, causal, scale, *sinks, bands: tuple, dim: int, offset: int):
     """One block of queries (query_blocked's protocol): q (B, Hk, G, n, V*dim), k (B, Hk, nk, V*dim),
@@ -199,13 +203,13 @@ def remap_attention(
         raise ValueError(
             f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING, DualChunk), got {remap!r}"
         )
-    offset = _checks.non_negative_int("offset", offset)
-    scale = None if scale is None else _checks.positive_float("scale", scale)
+    offset = _checks.offset(offset)
+    scale = None if scale is None else _checks.scale(scale)
     block = None if block is None else _checks.positive_int("block", block, size=True)
     sinks = None if sinks is None else check_sinks(sinks, q)
     kernel = _checked_kernel(kernel, q, k, v, sinks)
     if window is not None:
-        window = _checks.positive_int("window", window)
+        window = _checks.positive_int("window", window, position=True)
     if q.shape[-2] == 0:
         return q.new_empty(*q.shape[:-1], v.shape[-1])
     qs, ks, bands = _rotated_views(q, k, rotary, remap, offset, window)
@@ -250,9 +254,24 @@ def _rotated_views(q, k, rotary, remap: Remap, offset: int, window: int | None):
     qs, ks = [], []
     factor = remap.query_scale(i)
     for view in views:
-        qv = q if rotary is None else rotary.rotate(q, positions=view.q, context_len=context)
+        if rotary is None:
+            qv, kv = q, k
+        else:  # queries as queries, keys as keys (xPos scales them apart), about one centre per view
+            centre = _view_centre(view)
+            qv = rotary.rotate_as(q, view.q, "q", context_len=context, centre=centre)
+            kv = rotary.rotate_as(k, view.k, "k", context_len=context, centre=centre)
         if factor is not None:
             qv = qv * factor.to(qv.dtype)[:, None]
         qs.append(qv)
-        ks.append(k if rotary is None else rotary.rotate(k, positions=view.k, context_len=context))
+        ks.append(kv)
     return qs, ks, tuple(Band(w.lo, w.hi, w.unit) for w in views)
+
+
+def _view_centre(view: View) -> torch.Tensor:
+    """The middle of a view's query and key positions, rounded up, as a (1,) tensor (read on no device):
+    a pair's score only ever meets the queries and keys of one view, so each view may centre xPos's
+    factors on its own positions, which keeps them small; for the true positions, the middle of the keys,
+    as plain attention centres them."""
+    low = torch.minimum(view.q.amin(), view.k.amin())
+    high = torch.maximum(view.q.amax(), view.k.amax())
+    return torch.ceil((low + high) / 2).reshape(1)

@@ -31,8 +31,8 @@ class DualChunk(Remap):
     """
 
     def __init__(self, chunk_size: int, local_size: int, original_max_position_embeddings: int | None = None):
-        self.chunk_size = _checks.positive_int("chunk_size", chunk_size)
-        self.local_size = _checks.non_negative_int("local_size", local_size)
+        self.chunk_size = _checks.positive_int("chunk_size", chunk_size, position=True)
+        self.local_size = _checks.non_negative_int("local_size", local_size, position=True)
         if self.local_size >= self.chunk_size:
             raise ValueError(
                 f"local_size must be < chunk_size (chunks of chunk_size - local_size tokens), got local_size="
@@ -40,7 +40,7 @@ class DualChunk(Remap):
             )
         if original_max_position_embeddings is not None:
             original_max_position_embeddings = _checks.positive_int(
-                "original_max_position_embeddings", original_max_position_embeddings
+                "original_max_position_embeddings", original_max_position_embeddings, position=True
             )
         self.original_max_position_embeddings = original_max_position_embeddings
 

@@ -28,12 +28,12 @@ class ReRoPE(Remap):
     """
 
     def __init__(self, window: int, leaky: float | None = None, log_n_length: int | None = None):
-        self.window = _checks.positive_int("window", window)
+        self.window = _checks.positive_int("window", window, position=True)
         if leaky is not None:
             leaky = float(_checks.number("leaky", leaky, minimum=1, strict=True))
         self.leaky = leaky
         if log_n_length is not None:
-            log_n_length = _checks.positive_int("log_n_length", log_n_length, minimum=2)
+            log_n_length = _checks.positive_int("log_n_length", log_n_length, minimum=2, position=True)
         self.log_n_length = log_n_length
 
     def __repr__(self) -> str:

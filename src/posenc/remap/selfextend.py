@@ -26,8 +26,8 @@ class SelfExtend(Remap):
     """
 
     def __init__(self, group_size: int, window: int):
-        self.group_size = _checks.positive_int("group_size", group_size)
-        self.window = _checks.positive_int("window", window)
+        self.group_size = _checks.positive_int("group_size", group_size, position=True)
+        self.window = _checks.positive_int("window", window, position=True)
 
     def __repr__(self) -> str:
         return f"SelfExtend(group_size={self.group_size}, window={self.window})"

@@ -12,6 +12,8 @@ from .base import Remap, View
 
 __all__ = ["STRING"]
 
+MAX_FACTOR = math.sqrt(_checks.MAX_SCALE)  # the factor on cos and sin; the scores take its square
+
 
 class STRING(Remap):
     """Distances past ``shift`` move down to ``local_window`` onwards: the rarely trained far distances are
@@ -26,20 +28,25 @@ class STRING(Remap):
     Args:
         shift: N, where the shift starts (>= 1).
         local_window: W, the distance the shifted pairs start at (1 <= W <= N).
-        attention_factor: the factor on cos and sin (scores times its square); 1.0 for none.
+        attention_factor: the factor on cos and sin (scores times its square), in (0, 100]; 1.0 for none.
     """
 
     def __init__(self, shift: int, local_window: int, attention_factor: float = 1.0):
-        self.shift = _checks.positive_int("shift", shift)
-        self.local_window = _checks.positive_int("local_window", local_window)
+        self.shift = _checks.positive_int("shift", shift, position=True)
+        self.local_window = _checks.positive_int("local_window", local_window, position=True)
         if self.local_window > self.shift:
             raise ValueError(
                 f"local_window must be <= shift (the far distances move down, not up), got local_window="
                 f"{local_window} > shift={shift}"
             )
-        self.attention_factor = float(
-            _checks.number("attention_factor", attention_factor, minimum=0, strict=True)
-        )
+        factor = float(_checks.number("attention_factor", attention_factor, minimum=0, strict=True))
+        if factor > MAX_FACTOR:
+            raise ValueError(
+                f"attention_factor must be a finite number in (0, {MAX_FACTOR:g}] (its square multiplies "
+                f"every score, as attention's scale does, up to {_checks.MAX_SCALE:g}), got "
+                f"{attention_factor!r}"
+            )
+        self.attention_factor = factor
 
     def __repr__(self) -> str:
         extra = "" if self.attention_factor == 1.0 else f", attention_factor={self.attention_factor:g}"

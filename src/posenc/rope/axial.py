@@ -62,7 +62,7 @@ def grid_positions(*sizes: int, device=None) -> torch.Tensor:
     """Coordinates of a row-major grid of the given sizes: (prod(sizes), len(sizes)) float32, the last
     axis fastest (for (H, W): (0, 0), (0, 1), ..., (H-1, W-1))."""
     for i, s in enumerate(sizes):
-        _checks.positive_int(f"grid[{i}]", s)
+        _checks.positive_int(f"grid[{i}]", s, size=True)
     mesh = torch.meshgrid(*(torch.arange(s, device=device) for s in sizes), indexing="ij")
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1).to(torch.float32)
 
@@ -99,11 +99,25 @@ class AxialRotaryEmbedding(KeepsPrecision):
         seed: int = 0,
     ):
         super().__init__()
-        self.head_dim, self.axes, self.mixed = head_dim, axes, bool(mixed)
-        self.layout = _checks.layout(layout)
-        if axes not in (2, 3):
+        head_dim, axes, mixed = (
+            _checks.even_int("head_dim", head_dim),
+            _checks.plain(axes),
+            _checks.boolean("mixed", mixed),
+        )
+        if isinstance(axes, bool) or axes not in (2, 3):
             raise ValueError(f"axes must be 2 (images) or 3 (video), got {axes!r}")
+        if num_heads is not None:
+            num_heads = _checks.positive_int("num_heads", num_heads, size=True)
+        seed = _checks.non_negative_int("seed", seed)
+        if seed >= 1 << 64:
+            raise ValueError(
+                f"seed must be an integer in [0, 2^64 - 1] (a torch generator's seed), got {seed}"
+            )
+        self.head_dim, self.axes, self.mixed = head_dim, axes, mixed
+        self.layout = _checks.layout(layout)
         if mixed:
+            if num_heads is None:
+                raise ValueError("mixed=True (RoPE-Mixed, frequencies per head) needs num_heads, got None")
             if axes != 2:
                 raise ValueError(f"mixed (RoPE-Mixed) is defined for 2 axes, got axes={axes}")
             if head_dim % 4:
@@ -164,6 +178,7 @@ class AxialRotaryEmbedding(KeepsPrecision):
 
     def _check(self, name: str, x, positions, prefix_tokens: int) -> None:
         _checks.tensor_rank(name, x, 3)
+        prefix_tokens = _checks.non_negative_int("prefix_tokens", prefix_tokens)
         if x.shape[-1] != self.head_dim or x.shape[-2] != prefix_tokens + positions.shape[0]:
             raise ValueError(
                 f"{name} must have shape (..., prefix_tokens + N = {prefix_tokens + positions.shape[0]}, "
@@ -196,6 +211,18 @@ class AxialRotaryEmbedding(KeepsPrecision):
         if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[1] != self.axes:
             got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
             raise ValueError(f"{name} must be a tensor (N, {self.axes}), got {got}")
+        if positions.dtype in _checks.NOT_POSITIONS or positions.is_complex():
+            raise ValueError(
+                f"{name} must have a signed integer or floating dtype (grid coordinates), got "
+                f"{positions.dtype}"
+            )
+        if _checks.can_read(positions) and positions.numel():
+            far = float(positions.abs().amax())
+            if not math.isfinite(far) or far > _checks.MAX_POSITION:
+                raise ValueError(
+                    f"{name} must be finite coordinates of magnitude <= 2^53 (angles are formed in float64), "
+                    f"got largest magnitude {far}"
+                )
         return positions.to(q.device)
 
     def extra_repr(self) -> str:

@@ -208,7 +208,7 @@ def _placement(
 
 def _small_rows(rope: RotaryEmbedding, q, k, offset: int):
     """The memoised decode rows of q (the last q_len of the key positions) and of k (offset..)."""
-    _checks.non_negative_int("offset", offset)
+    _checks.offset(offset)
     q_len, k_len = q.shape[-2], k.shape[-2]
     q_start = offset + max(k_len - q_len, 0)
     rows_q = rope.table.small_rows(q_start, q_start + q_len, q.device, rope.layout)

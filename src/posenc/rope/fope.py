@@ -113,12 +113,15 @@ class FoPE(KeepsPrecision):
     ):
         super().__init__()
         self.head_dim = _checks.even_int("head_dim", head_dim)
-        self.heads = _checks.positive_int("heads", heads)
-        self.train_len = _checks.positive_int("train_len", train_len)
+        self.heads = _checks.positive_int("heads", heads, size=True)
+        self.train_len = _checks.positive_int("train_len", train_len, position=True)
         self.base = _checks.positive_float("base", base)
         self.sigma = float(_checks.number("sigma", sigma, minimum=0.0))
         self.layout = _checks.layout(layout)
         self.fourier_dim = _fourier_dim(fourier_dim, self.head_dim)
+        learnable = _checks.boolean("learnable", learnable)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
         freqs, self.active = fope_frequencies(self.head_dim, self.base, self.train_len, self.fourier_dim)
         self._freqs = tuple(freqs.tolist())  # Python floats: a traced call builds its constant from them
         cos_coef, sin_coef = (_draw(self, len(freqs), generator) for _ in range(2))
@@ -158,16 +161,18 @@ class FoPE(KeepsPrecision):
         """One tensor x (batch, heads, seq, head_dim) at ``positions`` (+ ``offset``), else at offset .."""
         check_x(self, "x", x)
         _checks.tensor_rank("x", x, 3)
-        _checks.non_negative_int("offset", offset)
+        _checks.offset(offset)
         if positions is None:
             positions, offset = torch.arange(offset, offset + x.shape[-2], device=x.device), 0
+        else:
+            _checks.positions(positions, x.shape[-2], x.shape[0])
         cos, sin = self.cos_sin(positions, offset, work_dtype(x.dtype))
         return _transform(x, cos, sin, self.heads, self.layout)
 
     def forward(self, q, k, positions=None, offset: int = 0, *, k_positions=None):
         """q and k through the same per-position maps; positions as :meth:`RotaryEmbedding.forward`."""
         check_pair(self, q, k, False)
-        _checks.non_negative_int("offset", offset)
+        _checks.offset(offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
         k_positions = key_positions(q_len, k_len, positions, k_positions)
         if positions is None and k_positions is None:

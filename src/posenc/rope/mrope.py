@@ -277,9 +277,7 @@ def _positions(positions, axes: int = 3) -> torch.Tensor:
             f"positions must have shape ({axes}, batch, seq), (batch, seq) or (seq,), got "
             f"{tuple(positions.shape)}"
         )
-    if _checks.can_read(positions) and positions.numel() and bool((positions < 0).any()):
-        raise ValueError(f"positions must be >= 0, got minimum {positions.min().item()}")  # CPU only: no sync
-    return positions
+    return _checks.position_values(positions)  # values read on the CPU only: no sync
 
 
 def mrope_positions(

@@ -14,33 +14,39 @@ import torch
 
 __all__ = ["packed_positions"]
 
+# Integer dtypes int64 holds: taken as int64 before any difference (uint8's 3 - 5 would wrap to 254); torch's
+# wider unsigned dtypes lack most operations (and uint64 does not fit).
+_INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
 
 def _from_cu_seqlens(cu: torch.Tensor) -> torch.Tensor:
-    if (
-        not isinstance(cu, torch.Tensor)
-        or cu.dim() != 1
-        or cu.dtype.is_floating_point
-        or cu.dtype == torch.bool
-    ):
+    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in _INTEGERS:
         raise ValueError(
-            "cu_seqlens must be a 1-D integer tensor of cumulative lengths (0, n1, n1 + n2, ...), got "
+            "cu_seqlens must be a 1-D integer tensor (int64, int32, int16, int8 or uint8) of cumulative "
+            "lengths (0, n1, n1 + n2, ...), got "
             f"{cu if not isinstance(cu, torch.Tensor) else f'{cu.dtype} of shape {tuple(cu.shape)}'}"
         )
+    cu = cu.long()
     if cu.numel() == 0 or int(cu[0]) != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {cu.tolist()[:4]}")
     lengths = cu.diff()
     if bool((lengths < 0).any()):
         raise ValueError(f"cu_seqlens must not decrease, got {cu.tolist()[:8]}")
     total = int(cu[-1])
-    starts = torch.repeat_interleave(cu[:-1].long(), lengths.long(), output_size=total)
+    starts = torch.repeat_interleave(cu[:-1], lengths, output_size=total)
     return torch.arange(total, device=cu.device) - starts
 
 
 def _from_document_ids(ids: torch.Tensor) -> torch.Tensor:
-    if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.dtype.is_floating_point:
+    if (
+        not isinstance(ids, torch.Tensor)
+        or ids.dim() not in (1, 2)
+        or ids.dtype not in (*_INTEGERS, torch.bool)
+    ):
         raise ValueError(
-            "document_ids must be an integer tensor of shape (total,) or (batch, total), one id per token, "
-            f"got {ids if not isinstance(ids, torch.Tensor) else f'{ids.dtype} of shape {tuple(ids.shape)}'}"
+            "document_ids must be an integer tensor (int64, int32, int16, int8, uint8 or bool) of shape "
+            "(total,) or (batch, total), one id per token, got "
+            f"{ids if not isinstance(ids, torch.Tensor) else f'{ids.dtype} of shape {tuple(ids.shape)}'}"
         )
     index = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
     starts = torch.ones_like(ids, dtype=torch.bool)

@@ -25,7 +25,9 @@ class StreamingKVCache:
     """Keys and values of one attention layer: the first ``sink_tokens`` and the last ``window`` tokens.
 
     Args:
-        rotary: the layer's :class:`posenc.RotaryEmbedding`.
+        rotary: the layer's :class:`posenc.RotaryEmbedding` (or :class:`posenc.XPos`: queries scaled as
+            queries, keys as keys, about the fixed centre or else the middle of the kept keys, as a forward
+            pass over them).
         sink_tokens: the first tokens always kept (StreamingLLM uses 4).
         window: the most recent tokens kept besides them.
 
@@ -89,6 +91,6 @@ class StreamingKVCache:
             self.keys = torch.cat((self.keys, k), -2)
             self.values = torch.cat((self.values, v), -2)
         self.seen += new
-        n = self.length  # one schedule for q and k: a forward pass over the n kept tokens
-        q_rot = self.rotary.rotate(q, offset=n - new, context_len=n)
-        return q_rot, self.rotary.rotate(self.keys, offset=0, context_len=n), self.values
+        n = self.length  # one schedule and xPos centre for q and k: a forward pass over the n kept tokens
+        q_rot = self.rotary.rotate_cached(q, n - new, n, "q")
+        return q_rot, self.rotary.rotate_cached(self.keys, 0, n, "k"), self.values

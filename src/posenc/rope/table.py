@@ -122,7 +122,7 @@ class CosSinTable(RowMemo):
     # ------------------------------------------------------------------ lookup
     def at(self, seq_len: int, positions, offset, device, dtype, context_len=None, factor=None):
         """cos/sin at ``positions`` (checked already) + ``offset``, or at offset .. offset+seq_len-1."""
-        _checks.non_negative_int("offset", offset)
+        _checks.offset(offset)
         traced = _checks.tracing()
         if positions is None and traced and context_len is None and factor is None:
             if not self.schedule.length_dependent:  # a symbolic start and length stay symbolic

@@ -123,6 +123,13 @@ class XPos(RotaryEmbedding):
         centre = self.centre if self.centre is not None else total // 2
         return self.rotate(x, offset=offset, context_len=total, kind=kind, centre=centre)
 
+    def rotate_as(self, x, positions, kind, *, context_len=None, centre=None):
+        """As queries or keys about the module's fixed centre, else about ``centre``: queries and keys
+        scaled about one centre, whatever it is, meet with zeta^((n - m)/B) (the centre cancels)."""
+        _checks.one_of("kind", kind, KINDS)
+        centre = self.centre if self.centre is not None else centre
+        return self.rotate(x, positions, kind=kind, centre=centre, context_len=context_len)
+
     def shift_scale(self, delta):
         """zeta_i^(-delta/B): a key's scale at p + delta over its scale at p (the centre cancels)."""
         return self.scale(delta, 0.0, "k")
@@ -206,10 +213,10 @@ def blockwise_causal_mask(
     Returns:
         bool (q_len, k_len), True where a query may attend: ``posenc.attention``'s ``bias=``.
     """
-    _checks.non_negative_int("q_len", q_len)
-    _checks.non_negative_int("k_len", k_len)
-    _checks.positive_int("window", window)
-    _checks.non_negative_int("offset", offset)
+    _checks.positive_int("q_len", q_len, minimum=0, size=True)
+    _checks.positive_int("k_len", k_len, minimum=0, size=True)
+    _checks.positive_int("window", window, position=True)
+    _checks.offset(offset)
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last q_len keys), got {q_len} > {k_len}")
     i = torch.arange(offset + k_len - q_len, offset + k_len, device=device)[:, None]
