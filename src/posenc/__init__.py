@@ -12,10 +12,12 @@ from .absolute import LearnedEmbedding, NoPositionalEncoding, SinusoidalEncoding
 from .attention import attention
 from .bias import (
     ALiBi,
+    BandedBias,
     BandedRelative,
     ContentBias,
     CoPE,
     FireBias,
+    ForgetBias,
     ForgetGate,
     KerpleBias,
     SandwichBias,
@@ -56,12 +58,14 @@ def __getattr__(name: str):
 __all__ = [
     "ALiBi",
     "AxialRotaryEmbedding",
+    "BandedBias",
     "BandedRelative",
     "CoPE",
     "ContentBias",
     "DualChunk",
     "FireBias",
     "FoPE",
+    "ForgetBias",
     "ForgetGate",
     "KerpleBias",
     "LearnedEmbedding",

@@ -14,7 +14,8 @@ M-RoPE; axial RoPE), then attends:
   - few queries (decoding), and training a bias's parameters at short lengths: the materialised bias and
     SDPA, faster there (:func:`bias_backend`; the crossovers are measured by ``posenc bench --only
     crossover``).
-* a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE), whose terms
+* a :class:`~posenc.bias.content.ContentBias` (Shaw et al.'s relative representations, CoPE, and the per-call
+  biases of the hidden state: FoX's ForgetBias, Inkling's BandedBias), whose terms
   depend on the query content: its own ``attend``, blocks of queries under a checkpoint
   (:mod:`posenc.kernels.query_blocked`), O(L) memory per head, on every device.
 * a bias tensor: added as given (it is already materialised).
@@ -22,13 +23,12 @@ M-RoPE; axial RoPE), then attends:
 With ``remap=`` (:mod:`posenc.remap`: SelfExtend, ReRoPE, STRING), causal RoPE attention at remapped
 distances: q and k are rotated once per view of the remap and attended block by block of queries. With
 ``sinks=`` (a learned logit per head), every softmax row has one more entry with no value; it runs on the
-same kernels. With ``log_forget=`` (per-token log forget gates, a :class:`~posenc.bias.forget.ForgetGate`'s
-output), Forgetting Attention (FoX, Lin et al. 2025, arxiv.org/abs/2503.02130): the causal decay bias
-sum_{l=j+1..i} log f_l on blocks of queries (:func:`~posenc.bias.forget.forgetting_attention`), after
-``rotary`` if one is given. With ``rel_states=`` and ``rel_table=`` (a per-query projection r of the hidden
-state and a learned table P of profiles, a :class:`~posenc.bias.banded.BandedRelative`'s), Inkling's banded
-relative bias r_i . P[:, i - j] over the last ``extent`` keys on blocks of queries
-(:func:`~posenc.bias.banded.banded_attention`), after ``rotary`` if one is given.
+same kernels. Data-dependent position terms come through ``bias=`` as content biases made per call from the
+hidden state: a :class:`~posenc.bias.forget.ForgetGate`'s :class:`~posenc.bias.forget.ForgetBias`
+(Forgetting Attention, FoX, Lin et al. 2025, arxiv.org/abs/2503.02130: the causal decay bias
+sum_{l=j+1..i} log f_l) and a :class:`~posenc.bias.banded.BandedRelative`'s
+:class:`~posenc.bias.banded.BandedBias` (Inkling's banded relative bias r_i . P[:, i - j] over the last
+``extent`` keys), after ``rotary`` if one is given.
 """
 
 from __future__ import annotations
@@ -39,10 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks
-from .bias.banded import banded_attention
 from .bias.base import ScoreBias
 from .bias.content import ContentBias
-from .bias.forget import forgetting_attention
 from .kernels.flex import flex_attention
 from .remap import NoRemap, Remap, remap_attention
 from .rope import RotaryEmbedding
@@ -233,7 +231,8 @@ def _attend(q, k, v, bias, causal: bool, scale: float) -> torch.Tensor:
     if not isinstance(bias, torch.Tensor):
         raise ValueError(
             f"bias must be an ALiBi module, a ScoreBias (T5Bias, KerpleBias, SandwichBias, FireBias), a "
-            f"ContentBias (ShawRelative, CoPE), a tensor or None, got {type(bias).__name__}"
+            f"ContentBias (ShawRelative, CoPE, ForgetBias, BandedBias), a tensor or None, got "
+            f"{type(bias).__name__}"
         )
     return _tensor_bias_attention(q, k, v, bias, causal, scale, enable_gqa)
 
@@ -278,42 +277,6 @@ def _remap_attention(q, k, v, rotary, remap, bias, causal, positions, k_position
     return remap_attention(q, k, v, rotary, remap, offset=offset, scale=scale, sinks=sinks)
 
 
-# What each bias from the hidden state is, and why it is causal only (for the errors of _from_hidden_state).
-_HIDDEN = {
-    "log_forget": ("the decay bias", "the decay runs from a key to later queries"),
-    "rel_states": ("the banded relative bias", "query i reads the profile of distance i - j >= 0"),
-}
-
-
-def _from_hidden_state(q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, terms, others):
-    """FoX's decay (``log_forget=``) or Inkling's banded bias (``rel_states=`` with ``rel_table=``), from the
-    call's hidden-state terms, after any rotary; refused with what they replace (``others``) or each other."""
-    log_forget, rel_states, rel_table = terms
-    if log_forget is None and (rel_states is None) != (rel_table is None):
-        have, need = ("rel_states", "rel_table") if rel_table is None else ("rel_table", "rel_states")
-        raise ValueError(
-            f"{have}= needs {need}= (the banded bias r_i . P[:, i - j] takes r as rel_states and P as "
-            "rel_table)"
-        )
-    name = "log_forget" if log_forget is not None else "rel_states"
-    what, why = _HIDDEN[name]
-    if not causal:
-        raise ValueError(f"{name}= works with causal attention only ({why})")
-    if bias is not None:
-        raise ValueError(
-            f"{name}= is {what}; it takes no other bias (got {type(bias).__name__}): pass one or the other"
-        )
-    if log_forget is not None:
-        others = {**others, "rel_states": rel_states, "rel_table": rel_table}
-    given = [n for n, value in others.items() if value is not None]
-    if given:
-        raise ValueError(f"{name}= cannot be combined with {', '.join(n + '=' for n in given)}")
-    q, k = _rotate(rotary, q, k, positions, k_positions, offset)
-    if log_forget is not None:
-        return forgetting_attention(q, k, v, log_forget, scale=scale)
-    return banded_attention(q, k, v, rel_states, rel_table, scale=scale)
-
-
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -328,9 +291,6 @@ def attention(
     scale: float | None = None,
     remap: Remap | None = None,
     sinks: torch.Tensor | None = None,
-    log_forget: torch.Tensor | None = None,
-    rel_states: torch.Tensor | None = None,
-    rel_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional scheme applied.
 
@@ -344,7 +304,9 @@ def attention(
             :class:`AxialRotaryEmbedding`, which takes (N, axes) grid coordinates as ``positions``.
         bias: a score bias (:class:`~posenc.bias.base.ScoreBias`: ALiBi, T5Bias, KerpleBias, SandwichBias,
             FireBias); a content bias
-            (:class:`~posenc.bias.content.ContentBias`: ShawRelative, CoPE); a boolean mask broadcastable to
+            (:class:`~posenc.bias.content.ContentBias`: ShawRelative, CoPE; a ForgetGate's ForgetBias and a
+            BandedRelative's BandedBias, made per call from the hidden state, causal only, gradients flowing
+            to the gates and to r and P); a boolean mask broadcastable to
             (batch, heads, q_len, k_len), True where a query may attend (as ``scaled_dot_product_attention``'s
             ``attn_mask``); or a float tensor added to the scores.
         causal: a query sees only keys at or before it (with q_len < k_len, queries are the last positions).
@@ -361,19 +323,6 @@ def attention(
         sinks: (heads,) learned logits, one more entry of every softmax row per head with no value
             (attention sinks, as in GPT-OSS and flash-attention's ``learnable_sink``); causal, without a
             bias, with or without ``rotary``/``remap``; gradients flow to them.
-        log_forget: (batch, heads, k_len) log forget gates of every key position, <= 0 (FoX: a
-            :class:`~posenc.bias.forget.ForgetGate` of the layer's hidden state): query i and key j <= i get
-            the bias sum_{l=j+1..i} log f_l; causal, without ``bias``, ``remap`` or ``sinks``, with or
-            without ``rotary``; gradients flow to the gates. With a KV cache, pass the gates of the cached
-            keys followed by the new ones.
-        rel_states: (batch, heads, q_len, d_rel) r_i, a projection of each query's hidden state (Inkling: a
-            :class:`~posenc.bias.banded.BandedRelative`'s output), with ``rel_table`` (d_rel, extent) P: query
-            i and key j get the bias r_i . P[:, i - j] for 0 <= i - j < extent, 0 beyond; causal, without
-            ``bias``, ``remap``, ``sinks`` or ``log_forget``, with or without ``rotary``; gradients flow to
-            both. With a KV cache, pass the new queries' r only.
-        rel_table: (d_rel, extent) P, extent >= 1, shared by the heads (Inkling: ``BandedRelative.table``);
-            given with ``rel_states`` and only with it.
-
     Returns:
         (batch, heads, q_len, v_dim).
     """
@@ -381,11 +330,6 @@ def attention(
     _check_qkv(q, k, v, causal)
     offset = _checks.offset(offset)
     scale = None if scale is None else _checks.scale(scale)
-    if log_forget is not None or rel_states is not None or rel_table is not None:
-        terms, others = (log_forget, rel_states, rel_table), {"remap": remap, "sinks": sinks}
-        return _from_hidden_state(
-            q, k, v, rotary, bias, causal, positions, k_positions, offset, scale, terms, others
-        )
     if remap is not None or sinks is not None:
         return _remap_attention(
             q, k, v, rotary, remap, bias, causal, positions, k_positions, offset, scale, sinks

@@ -1,5 +1,5 @@
 """Inkling's hidden-state-conditioned banded relative bias (posenc.banded_attention, posenc.BandedRelative,
-posenc.attention(rel_states=, rel_table=)) against posenc.reference.banded_attention (values, float32 and
+posenc.attention(bias=posenc.BandedBias(r, P))) against posenc.reference.banded_attention (values, float32 and
 float64, extents shorter and longer than the sequence, q_len < k_len) and a plain-torch attention that
 materialises the (batch, heads, L, L) bias by gathering (values and gradients); the bias exactly zero beyond
 the extent and after the query; no (L, L, d_rel) tensor, nor every row's profiles at once; decoding;
@@ -77,7 +77,7 @@ def test_matches_reference_float32_and_float64(c):
         got = posenc.banded_attention(q, k, v, r, table, scale=c["scale"], block=c["block"])
         assert got.dtype == dtype
         np.testing.assert_allclose(got.double().numpy(), want, atol=atol, rtol=0)
-        via_attention = posenc.attention(q, k, v, rel_states=r, rel_table=table, scale=c["scale"])
+        via_attention = posenc.attention(q, k, v, bias=posenc.BandedBias(r, table), scale=c["scale"])
         np.testing.assert_allclose(via_attention.double().numpy(), want, atol=atol, rtol=0)
 
 
@@ -184,7 +184,7 @@ def test_memory_stays_linear():
     materialised (heads, L, L) float32 tensor (256 MiB), let alone (heads, L, L, d_rel) (4 GiB)."""
     setup = "table = torch.randn(16, 1024, requires_grad=True)"
     setup += "\nr = lambda q: torch.randn(*q.shape[:3], 16, requires_grad=True)"
-    call = "posenc.attention(q, k, v, rel_states=r(q), rel_table=table)"
+    call = "posenc.attention(q, k, v, bias=posenc.BandedBias(r(q), table))"
     rise_mib = peak_rise_mib(setup, call, 4096)
     assert rise_mib < 128, f"peak RSS rose by {rise_mib:.0f} MiB"
 
@@ -194,17 +194,16 @@ def test_decoding_one_query_at_a_time_equals_the_full_pass():
     c = dict(batch=2, heads=4, kv_heads=2, q_len=40, k_len=40, head_dim=8, v_dim=8, d_rel=4, extent=9)
     q, k, v = random_qkv(c)
     r, table = terms(dict(c, strength=2.0))
-    full = posenc.attention(q, k, v, rel_states=r, rel_table=table)
+    full = posenc.attention(q, k, v, bias=posenc.BandedBias(r, table))
     for t in (0, 5, 17, 39):
         step = posenc.attention(
             q[:, :, t : t + 1],
             k[:, :, : t + 1],
             v[:, :, : t + 1],
-            rel_states=r[:, :, t : t + 1],
-            rel_table=table,
+            bias=posenc.BandedBias(r[:, :, t : t + 1], table),
         )
         torch.testing.assert_close(step, full[:, :, t : t + 1], rtol=0, atol=1e-6)
-    chunk = posenc.attention(q[:, :, 30:], k, v, rel_states=r[:, :, 30:], rel_table=table)
+    chunk = posenc.attention(q[:, :, 30:], k, v, bias=posenc.BandedBias(r[:, :, 30:], table))
     torch.testing.assert_close(chunk, full[:, :, 30:], rtol=0, atol=1e-6)
 
 
@@ -214,7 +213,7 @@ def test_large_biases_give_no_nan():
     q, k, v = (torch.randn(1, 2, 600, 8, generator=gen, requires_grad=True) for _ in range(3))
     r = (1e3 * torch.randn(1, 2, 600, 4, generator=gen)).requires_grad_()
     table = (10 * torch.randn(4, 16, generator=gen)).requires_grad_()
-    out = posenc.attention(q, k, v, rel_states=r, rel_table=table)
+    out = posenc.attention(q, k, v, bias=posenc.BandedBias(r, table))
     grads = torch.autograd.grad(out.sum(), [q, k, v, r, table])
     assert bool(torch.isfinite(out).all()) and all(bool(torch.isfinite(g).all()) for g in grads)
 
@@ -226,7 +225,7 @@ def test_rotary_applies_before_the_bias():
     r, table = terms(dict(c, strength=1.0))
     rq, rk = rope(q, k)
     torch.testing.assert_close(
-        posenc.attention(q, k, v, rotary=rope, rel_states=r, rel_table=table),
+        posenc.attention(q, k, v, rotary=rope, bias=posenc.BandedBias(r, table)),
         posenc.banded_attention(rq, rk, v, r, table),
         rtol=0,
         atol=1e-6,
@@ -243,7 +242,9 @@ def test_banded_relative_is_inklings_layer():
     for w in (rel.proj.weight, rel.table):
         assert abs(w.std().item() - 0.02) < 1e-3 and abs(w.mean().item()) < 1e-3
     x = torch.randn(2, 7, 256, generator=torch.Generator().manual_seed(1))
-    r = rel(x)
+    r = rel(x).rel_states
+    assert rel(x).rel_table is rel.table
+    torch.testing.assert_close(rel.states(x), r, rtol=0, atol=0)
     want = (x @ rel.proj.weight.T).reshape(2, 7, 8, 16).transpose(1, 2)
     assert r.shape == (2, 8, 7, 16)
     torch.testing.assert_close(r, want)
@@ -253,48 +254,38 @@ def test_errors_name_the_argument_and_value():
     q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
     r, table = torch.zeros(1, 4, 5, 3), torch.zeros(3, 6)
     cases = [
-        (dict(rel_states=r), r"rel_states= needs rel_table="),
-        (dict(rel_table=table), r"rel_table= needs rel_states="),
         (
-            dict(rel_states=torch.zeros(1, 2, 5, 3), rel_table=table),
+            dict(bias=posenc.BandedBias(torch.zeros(1, 2, 5, 3), table)),
             r"rel_states must have shape \(batch, heads, q_len, d_rel\) = \(1, 4, 5, 3\).*got \(1, 2, 5, 3\)",
         ),
         (
-            dict(rel_states=torch.zeros(1, 4, 5, 4), rel_table=table),
+            dict(bias=posenc.BandedBias(torch.zeros(1, 4, 5, 4), table)),
             r"rel_states must have shape .* = \(1, 4, 5, 3\).*got \(1, 4, 5, 4\)",
         ),
         (
-            dict(rel_states=r.long(), rel_table=table),
+            dict(bias=posenc.BandedBias(r.long(), table)),
             r"rel_states must be a float tensor .*got torch.int64",
         ),
-        (dict(rel_states=r, rel_table=[[0.0]]), r"rel_table must be a float tensor .*got list"),
-        (dict(rel_states=r, rel_table=torch.zeros(3)), r"rel_table must be a float tensor .*got \(3,\)"),
+        (dict(bias=posenc.BandedBias(r, [[0.0]])), r"rel_table must be a float tensor .*got list"),
+        (dict(bias=posenc.BandedBias(r, torch.zeros(3))), r"rel_table must be a float tensor .*got \(3,\)"),
         (
-            dict(rel_states=r, rel_table=torch.zeros(3, 0)),
+            dict(bias=posenc.BandedBias(r, torch.zeros(3, 0))),
             r"rel_table must have d_rel >= 1 rows and extent >= 1 columns .*got shape \(3, 0\)",
         ),
         (
-            dict(rel_states=r.clone().index_fill_(2, torch.tensor([3]), math.nan), rel_table=table),
+            dict(bias=posenc.BandedBias(r.clone().index_fill_(2, torch.tensor([3]), math.nan), table)),
             "rel_states must be finite, got nan",
         ),
         (
-            dict(rel_states=r, rel_table=table.clone().fill_(math.inf)),
+            dict(bias=posenc.BandedBias(r, table.clone().fill_(math.inf))),
             "rel_table must be finite, got inf",
         ),
-        (dict(rel_states=r, rel_table=table, causal=False), "rel_states= works with causal attention only"),
+        (dict(bias=posenc.BandedBias(r, table), causal=False), "BandedBias works with causal attention only"),
         (
-            dict(rel_states=r, rel_table=table, bias=posenc.ALiBi(4)),
-            r"rel_states= is the banded relative bias; it takes no other bias \(got ALiBi\)",
+            dict(bias=posenc.BandedBias(r, table), sinks=torch.zeros(4)),
+            r"sinks= takes no bias \(got BandedBias\)",
         ),
-        (
-            dict(rel_states=r, rel_table=table, sinks=torch.zeros(4)),
-            "rel_states= cannot be combined with sinks=",
-        ),
-        (
-            dict(rel_states=r, rel_table=table, log_forget=torch.zeros(1, 4, 5)),
-            "log_forget= cannot be combined with rel_states=, rel_table=",
-        ),
-        (dict(rel_states=r, rel_table=table, scale=-1.0), "scale must be .*got -1.0"),
+        (dict(bias=posenc.BandedBias(r, table), scale=-1.0), "scale must be .*got -1.0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -69,7 +69,7 @@ def test_matches_reference_float32_and_float64(c):
         got = posenc.forgetting_attention(q, k, v, log_f, scale=c["scale"], block=c["block"])
         assert got.dtype == dtype
         np.testing.assert_allclose(got.double().numpy(), want, atol=atol, rtol=0)
-        via_attention = posenc.attention(q, k, v, log_forget=log_f, scale=c["scale"])
+        via_attention = posenc.attention(q, k, v, bias=posenc.ForgetBias(log_f), scale=c["scale"])
         np.testing.assert_allclose(via_attention.double().numpy(), want, atol=atol, rtol=0)
 
 
@@ -82,7 +82,7 @@ def test_long_sequences_with_strong_forgetting_match_the_reference_in_float32(st
         log_f = F.logsigmoid(4 * torch.randn(1, 2, 2048, generator=torch.Generator().manual_seed(9)))
     else:
         log_f = gates(dict(c, strength=strength))
-    got = posenc.attention(q, k, v, log_forget=log_f)
+    got = posenc.attention(q, k, v, bias=posenc.ForgetBias(log_f))
     np.testing.assert_allclose(got.double().numpy(), oracle(q, k, v, log_f), atol=2e-6, rtol=0)
 
 
@@ -130,7 +130,7 @@ def test_memory_stays_linear():
     """Forward and backward at L = 4096, 4 heads: the peak RSS rise stays far below one materialised
     (heads, L, L) float32 tensor (256 MiB)."""
     setup = "gate = lambda q: torch.nn.functional.logsigmoid(torch.ones(q.shape[:3], requires_grad=True))"
-    rise_mib = peak_rise_mib(setup, "posenc.attention(q, k, v, log_forget=gate(q))", 4096)
+    rise_mib = peak_rise_mib(setup, "posenc.attention(q, k, v, bias=posenc.ForgetBias(gate(q)))", 4096)
     assert rise_mib < 128, f"peak RSS rose by {rise_mib:.0f} MiB"
 
 
@@ -139,13 +139,16 @@ def test_decoding_one_query_at_a_time_equals_the_full_pass():
     c = dict(batch=2, heads=4, kv_heads=2, q_len=40, k_len=40, head_dim=8, v_dim=8, strength=1.0)
     q, k, v = random_qkv(c)
     log_f = gates(c)
-    full = posenc.attention(q, k, v, log_forget=log_f)
+    full = posenc.attention(q, k, v, bias=posenc.ForgetBias(log_f))
     for t in (1, 17, 39):
         step = posenc.attention(
-            q[:, :, t : t + 1], k[:, :, : t + 1], v[:, :, : t + 1], log_forget=log_f[..., : t + 1]
+            q[:, :, t : t + 1],
+            k[:, :, : t + 1],
+            v[:, :, : t + 1],
+            bias=posenc.ForgetBias(log_f[..., : t + 1]),
         )
         torch.testing.assert_close(step, full[:, :, t : t + 1], rtol=0, atol=1e-6)
-    chunk = posenc.attention(q[:, :, 30:], k, v, log_forget=log_f)
+    chunk = posenc.attention(q[:, :, 30:], k, v, bias=posenc.ForgetBias(log_f))
     torch.testing.assert_close(chunk, full[:, :, 30:], rtol=0, atol=1e-6)
 
 
@@ -155,16 +158,20 @@ def test_extreme_gates_give_no_nan():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 600, 8, generator=gen, requires_grad=True) for _ in range(3))
     shut = torch.full((1, 2, 600), -30.0, requires_grad=True)
-    out = posenc.attention(q, k, v, log_forget=shut)
+    out = posenc.attention(q, k, v, bias=posenc.ForgetBias(shut))
     torch.testing.assert_close(out, v, rtol=0, atol=1e-11 * v.abs().max().item() * 100)
     open_ = torch.zeros(1, 2, 600, requires_grad=True)
-    plain = posenc.attention(q, k, v, log_forget=open_)
+    plain = posenc.attention(q, k, v, bias=posenc.ForgetBias(open_))
     torch.testing.assert_close(
         plain, F.scaled_dot_product_attention(q, k, v, is_causal=True), rtol=0, atol=2e-6
     )
     grads = torch.autograd.grad((out.sum() + plain.sum()), [q, k, v, shut, open_])
     assert all(bool(torch.isfinite(g).all()) for g in grads)
-    assert bool(torch.isfinite(posenc.attention(q, k, v, log_forget=torch.full((1, 2, 600), -1e30))).all())
+    assert bool(
+        torch.isfinite(
+            posenc.attention(q, k, v, bias=posenc.ForgetBias(torch.full((1, 2, 600), -1e30)))
+        ).all()
+    )
 
 
 def test_rotary_applies_before_the_decay():
@@ -174,7 +181,7 @@ def test_rotary_applies_before_the_decay():
     log_f = gates(c)
     rq, rk = rope(q, k)
     torch.testing.assert_close(
-        posenc.attention(q, k, v, rotary=rope, log_forget=log_f),
+        posenc.attention(q, k, v, rotary=rope, bias=posenc.ForgetBias(log_f)),
         posenc.forgetting_attention(rq, rk, v, log_f),
         rtol=0,
         atol=1e-6,
@@ -190,7 +197,8 @@ def test_forget_gate_is_the_authors_layer():
     x = torch.randn(2, 7, 256, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         gate.proj.bias.normal_()
-    got = gate(x)
+    got = gate(x).log_forget
+    torch.testing.assert_close(gate.log_gates(x), got, rtol=0, atol=0)
     w, b = gate.proj.weight.detach().double().numpy(), gate.proj.bias.detach().double().numpy()
     logit = x.double().numpy() @ w.T + b
     want = -np.log1p(np.exp(-logit)).transpose(0, 2, 1)
@@ -207,7 +215,7 @@ def test_torch_compile_matches_eager(seq):
     logit = torch.randn(1, 4, seq, generator=torch.Generator().manual_seed(2), requires_grad=True)
 
     def loss(q, k, v, logit):
-        return posenc.attention(q, k, v, log_forget=F.logsigmoid(logit)).square().sum()
+        return posenc.attention(q, k, v, bias=posenc.ForgetBias(F.logsigmoid(logit))).square().sum()
 
     params = [q, k, v, logit]
     got = torch.compile(loss, backend="aot_eager")(*params)
@@ -223,33 +231,29 @@ def test_errors_name_the_argument_and_value():
     ok = torch.full((1, 4, 5), -0.5)
     cases = [
         (
-            dict(log_forget=torch.full((1, 4, 5), 0.25)),
+            dict(bias=posenc.ForgetBias(torch.full((1, 4, 5), 0.25))),
             r"log_forget must be <= 0 \(the log of a gate in \(0, 1\]\), got 0.25",
         ),
         (
-            dict(log_forget=ok.clone().index_fill_(2, torch.tensor([3]), math.nan)),
+            dict(bias=posenc.ForgetBias(ok.clone().index_fill_(2, torch.tensor([3]), math.nan))),
             "log_forget must be finite.*got nan",
         ),
         (
-            dict(log_forget=ok.clone().index_fill_(2, torch.tensor([3]), -math.inf)),
+            dict(bias=posenc.ForgetBias(ok.clone().index_fill_(2, torch.tensor([3]), -math.inf))),
             "log_forget must be finite.*got -inf",
         ),
         (
-            dict(log_forget=torch.zeros(1, 2, 5)),
+            dict(bias=posenc.ForgetBias(torch.zeros(1, 2, 5))),
             r"log_forget must have shape \(batch, heads, k_len\) = \(1, 4, 5\).*got \(1, 2, 5\)",
         ),
         (
-            dict(log_forget=torch.zeros(1, 4, 5, dtype=torch.long)),
+            dict(bias=posenc.ForgetBias(torch.zeros(1, 4, 5, dtype=torch.long))),
             r"log_forget must be a float tensor.*got torch.int64",
         ),
-        (dict(log_forget=[0.0] * 5), "log_forget must be a float tensor.*got list"),
-        (dict(log_forget=ok, causal=False), "log_forget= works with causal attention only"),
-        (
-            dict(log_forget=ok, bias=posenc.ALiBi(4)),
-            r"log_forget= is the decay bias; it takes no other bias \(got ALiBi\)",
-        ),
-        (dict(log_forget=ok, sinks=torch.zeros(4)), "log_forget= cannot be combined with sinks="),
-        (dict(log_forget=ok, scale=-1.0), "scale must be .*got -1.0"),
+        (dict(bias=posenc.ForgetBias([0.0] * 5)), "log_forget must be a float tensor.*got list"),
+        (dict(bias=posenc.ForgetBias(ok), causal=False), "ForgetBias works with causal attention only"),
+        (dict(bias=posenc.ForgetBias(ok), sinks=torch.zeros(4)), r"sinks= takes no bias \(got ForgetBias\)"),
+        (dict(bias=posenc.ForgetBias(ok), scale=-1.0), "scale must be .*got -1.0"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -1,6 +1,6 @@
 """The banded scheme: Inkling's RoPE-free attention (Thinking Machines Lab 2026), NoPE with a banded relative
 bias r_i . P[:, i - j] per layer (r from the layer's normalised hidden state, through Encoding.hidden_terms
-and posenc.attention(rel_states=, rel_table=)) and the fixed temperature 1 + 0.1 log(max(n / L, 1)) on q
+and posenc.attention(bias=BandedBias)) and the fixed temperature 1 + 0.1 log(max(n / L, 1)) on q
 and r: a zero table is NoPE, a layer attends as the reference past the training length, r and P learn,
 cached decoding equals the full pass, and it evaluates at 16x its training length."""
 
@@ -89,7 +89,7 @@ def test_a_layer_attends_as_the_reference_with_tau_on_q_and_r_past_the_training_
     h = block.norm1(seen["x"])
     q = block.qkv(h).view(1, 3, 3, 2, 8).permute(2, 0, 3, 1, 4)[0]
     tau = torch.from_numpy(1 + 0.1 * np.log(np.arange(38, 41) / 16))[:, None]
-    args = [t.detach().double() for t in (q, cache.k[0], cache.v[0], rel(h), rel.table)]
+    args = [t.detach().double() for t in (q, cache.k[0], cache.v[0], rel.states(h), rel.table)]
     want = R.banded_attention(args[0] * tau, args[1], args[2], args[3] * tau, args[4])
     np.testing.assert_allclose(seen["out"].detach().double().numpy(), want, rtol=1e-4, atol=1e-5)
 

@@ -1,5 +1,5 @@
 """The fox scheme: the Forgetting Transformer (Lin et al. 2025), NoPE with a forget gate per head and layer
-from the layer's normalised hidden state, through Encoding.hidden_terms and posenc.attention(log_forget=):
+from the layer's normalised hidden state, through Encoding.hidden_terms and posenc.attention(bias=ForgetBias):
 open gates are NoPE, the gates reach the attention as the reference computes it, they learn, cached
 decoding keeps the gates and equals the full pass, and it evaluates at 16x its training length."""
 
@@ -81,9 +81,9 @@ def test_cached_decoding_keeps_the_gates_and_equals_the_full_pass():
     steps = [m(x[:, :7], cache)] + [m(x[:, t : t + 1], cache) for t in range(7, 20)]
     torch.testing.assert_close(torch.cat(steps, dim=1), m(x), rtol=1e-5, atol=1e-5)
     # the first layer reads the token embeddings (NoPE adds nothing): its cached gates are theirs
-    first = m.hidden_terms[0].module(m.blocks[0].norm1(m.tok(x) * math.sqrt(16)))
-    assert [tuple(s.shape) for s in cache.state] == [(2, 2, 20)] * 2
-    torch.testing.assert_close(cache.state[0], first, rtol=0, atol=1e-6)
+    first = m.hidden_terms[0].module.log_gates(m.blocks[0].norm1(m.tok(x) * math.sqrt(16)))
+    assert [tuple(s.log_forget.shape) for s in cache.state] == [(2, 2, 20)] * 2
+    torch.testing.assert_close(cache.state[0].log_forget, first, rtol=0, atol=1e-6)
     prompt = ids(1, 5, seed=4)
     cached = m.generate(prompt, 8, temperature=0)
     assert torch.equal(cached, m.generate(prompt, 8, temperature=0, use_cache=False))

@@ -1,12 +1,12 @@
 """Additive attention-score biases: a bias adds b_h(i, j) to the score of query i and key j in head h."""
 
 from .alibi import ALiBi, alibi_slopes
-from .banded import BandedRelative, banded_attention, banded_bias
+from .banded import BandedBias, BandedRelative, banded_attention, banded_bias
 from .base import ScoreBias
 from .content import ContentBias
 from .cope import CoPE
 from .fire import FireBias
-from .forget import ForgetGate, forgetting_attention
+from .forget import ForgetBias, ForgetGate, forgetting_attention
 from .kerple import KerpleBias
 from .sandwich import SandwichBias
 from .shaw import ShawRelative
@@ -14,10 +14,12 @@ from .t5 import T5Bias, t5_relative_bucket
 
 __all__ = [
     "ALiBi",
+    "BandedBias",
     "BandedRelative",
     "CoPE",
     "ContentBias",
     "FireBias",
+    "ForgetBias",
     "ForgetGate",
     "KerpleBias",
     "SandwichBias",

@@ -16,10 +16,11 @@ r_i alike; a caller applies it to q and r before :func:`banded_attention` (the l
 does, through its query scale).
 
 :class:`BandedRelative` holds W (``proj``, ``nn.Linear(d_model, heads * d_rel, bias=False)``) and P
-(``table``), both started N(0, 0.02^2) as the Hugging Face port initialises them, and maps hidden states to
-r (batch, heads, seq, d_rel). :func:`banded_attention` (and ``posenc.attention(rel_states=r,
-rel_table=P)``) attends with them. r belongs to the queries only: with a KV cache, pass the new queries' r
-(the queries are the last q_len of the k_len positions); the cache keeps nothing for it.
+(``table``), both started N(0, 0.02^2) as the Hugging Face port initialises them, and maps hidden states to a
+:class:`BandedBias`, r (batch, heads, seq, d_rel) with P as one call's content bias:
+``posenc.attention(q, k, v, bias=rel(x))``; :func:`banded_attention` attends with r and P. r belongs to
+the queries only: with a KV cache, pass the new queries' r (the queries are the last q_len of the k_len
+positions); the cache keeps nothing for it.
 
 How it runs: on :mod:`posenc.kernels.query_blocked`, like FoX, Shaw and CoPE. A block of n queries takes its
 rows of r, computes R P[:, :m] -> (n, m) profiles per head (one matmul; m = min(extent, keys of the block):
@@ -41,8 +42,9 @@ from torch import nn
 from .. import _checks
 from ..kernels.blocked_common import check_qkv
 from ..kernels.query_blocked import query_blocked_attention
+from .content import ContentBias
 
-__all__ = ["BandedRelative", "banded_attention", "banded_bias"]
+__all__ = ["BandedBias", "BandedRelative", "banded_attention", "banded_bias"]
 
 # Temporaries per score of a block (scores, the scattered sum, the masked sum, softmax and the backward's
 # gradients of each), which sizes the blocks (query_blocked.default_block); the (n, m) profiles are smaller.
@@ -62,8 +64,8 @@ class BandedRelative(nn.Module):
     Attributes: ``proj`` (``nn.Linear(d_model, n_heads * d_rel, bias=False)``) and ``table`` P
     (d_rel, extent), column d the profile of distance d, both N(0, 0.02^2).
 
-    forward(x (batch, seq, d_model)) -> r (batch, n_heads, seq, d_rel) in x's dtype: the ``rel_states`` of
-    :func:`banded_attention` and :func:`posenc.attention`, with ``rel_table=self.table``.
+    forward(x (batch, seq, d_model)) -> a :class:`BandedBias` of r (batch, n_heads, seq, d_rel) in x's dtype
+    (:meth:`states`) and P: ``posenc.attention(q, k, v, bias=rel(x))``.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_rel: int = 16, extent: int = 1024):
@@ -81,11 +83,50 @@ class BandedRelative(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}, d_rel={self.d_rel}, extent={self.extent}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def states(self, x: torch.Tensor) -> torch.Tensor:
+        """r (batch, n_heads, seq, d_rel) of x (batch, seq, d_model)."""
         _checks.tensor_rank("x", x, 3)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, seq, {self.d_model}), got {tuple(x.shape)}")
         return self.proj(x).unflatten(-1, (self.n_heads, self.d_rel)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> BandedBias:
+        return BandedBias(self.states(x), self.table)
+
+
+class BandedBias(ContentBias):
+    """Inkling's banded relative bias for one call, as :func:`posenc.attention`'s ``bias=``: query i and key
+    j get r_i . P[:, i - j] for 0 <= i - j < extent, 0 beyond; causal only.
+
+    Args:
+        rel_states: r (batch, heads, q_len, d_rel), one per query head and query (a
+            :class:`BandedRelative`'s :meth:`~BandedRelative.states`); with a KV cache, the new queries' r
+            only. Finite; differentiable.
+        rel_table: P (d_rel, extent), extent >= 1, shared by the heads (``BandedRelative.table``); finite;
+            differentiable.
+
+    Both are checked against q at the call.
+    """
+
+    causal_only = True
+
+    def __init__(self, rel_states: torch.Tensor, rel_table: torch.Tensor):
+        super().__init__()
+        self.rel_states, self.rel_table = rel_states, rel_table
+
+    def scaled(self, factor: torch.Tensor) -> BandedBias:
+        """This bias with every r_i multiplied by ``factor`` (broadcast against (batch, heads, q_len, 1)):
+        a temperature on the whole score row multiplies r as it multiplies q (Inkling's tau)."""
+        return BandedBias(self.rel_states * factor.to(self.rel_states.dtype), self.rel_table)
+
+    def attend(self, q, k, v, *, causal: bool = True, scale: float | None = None, block: int | None = None):
+        """:func:`banded_attention` with r and P; refuses ``causal=False``."""
+        if causal is not True:
+            raise ValueError(
+                "BandedBias works with causal attention only (query i reads the profile of distance "
+                f"i - j >= 0), got causal={causal!r}"
+            )
+        return banded_attention(q, k, v, self.rel_states, self.rel_table, scale=scale, block=block)
 
 
 def _check_terms(rel_states, rel_table, q: torch.Tensor) -> None:

@@ -14,9 +14,11 @@ pruning. :class:`ForgetGate` is the gate as the authors' code builds it (zhixuan
 ``ForgettingAttentionLayer``): ``nn.Linear(d_model, heads)`` with a bias, weights N(0, 0.02^2) and bias 0
 (so f starts near 1/2), log f = logsigmoid of the logit in float32.
 
-:func:`forgetting_attention` takes the log-gates of every key position, so one call serves training (q_len
-== k_len) and decoding with a KV cache (the queries are the last q_len positions; the cache keeps the gates
-of its keys). It runs on :mod:`posenc.kernels.query_blocked`: blocks of queries against the keys they see,
+A :class:`ForgetGate` maps the hidden state to a :class:`ForgetBias`, the call's gates as a content bias:
+``posenc.attention(q, k, v, bias=gate(x))``. :func:`forgetting_attention` takes the log-gates of every key
+position, so one call serves training (q_len == k_len) and decoding with a KV cache (the queries are the last
+q_len positions; the cache keeps the gates of its keys: :meth:`ForgetBias.after`). It runs on
+:mod:`posenc.kernels.query_blocked`: blocks of queries against the keys they see,
 each a materialised (n, keys) block recomputed in the backward, so memory is O(L) per head and the
 gradients (q, k, v and the gates) are autograd's, exact.
 
@@ -40,8 +42,9 @@ from torch import nn
 from .. import _checks
 from ..kernels.blocked_common import check_qkv
 from ..kernels.query_blocked import query_blocked_attention
+from .content import ContentBias
 
-__all__ = ["ForgetGate", "forgetting_attention"]
+__all__ = ["ForgetBias", "ForgetGate", "forgetting_attention"]
 
 # Temporaries per score of a block (scores, the float64 bias counts twice, the masked sum, softmax, and
 # the backward's gradients of each), which sizes the blocks (query_blocked.default_block).
@@ -55,8 +58,9 @@ class ForgetGate(nn.Module):
         d_model: the hidden state's width.
         n_heads: heads of the layer (one gate each; with grouped-query attention, one per query head).
 
-    forward(x (batch, seq, d_model)) -> log f (batch, n_heads, seq), float32 (float64 for float64 input),
-    every entry <= 0: the ``log_forget`` of :func:`forgetting_attention` and :func:`posenc.attention`.
+    forward(x (batch, seq, d_model)) -> a :class:`ForgetBias` holding log f (batch, n_heads, seq), float32
+    (float64 for float64 input), every entry <= 0: ``posenc.attention(q, k, v, bias=gate(x))``;
+    :meth:`log_gates` gives the tensor itself.
     """
 
     def __init__(self, d_model: int, n_heads: int):
@@ -71,7 +75,8 @@ class ForgetGate(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, n_heads={self.n_heads}"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def log_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """log f (batch, n_heads, seq) of x (batch, seq, d_model)."""
         _checks.tensor_rank("x", x, 3)
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"x must have shape (batch, seq, {self.d_model}), got {tuple(x.shape)}")
@@ -79,6 +84,42 @@ class ForgetGate(nn.Module):
         # in float32 as the authors do: half-precision log-gates would round the decay of long spans
         work = torch.float64 if logits.dtype == torch.float64 else torch.float32
         return F.logsigmoid(logits.to(work)).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> ForgetBias:
+        return ForgetBias(self.log_gates(x))
+
+
+class ForgetBias(ContentBias):
+    """FoX's decay bias for one call, as :func:`posenc.attention`'s ``bias=``: query i and key j <= i get
+    sum_{l=j+1..i} log f_l, causal only (the decay runs from a key to later queries).
+
+    Args:
+        log_forget: (batch, heads, k_len) log f of every key position, <= 0 and finite (a
+            :class:`ForgetGate`'s :meth:`~ForgetGate.log_gates`), checked against q at the call;
+            differentiable. With a KV cache, the cached keys' gates followed by the new ones
+            (:meth:`after`).
+    """
+
+    causal_only = True
+
+    def __init__(self, log_forget: torch.Tensor):
+        super().__init__()
+        self.log_forget = log_forget
+
+    def after(self, cached: ForgetBias | None) -> ForgetBias:
+        """The bias of a decoding call: ``cached``'s gates (the KV cache's keys) followed by these."""
+        if cached is None:
+            return self
+        return ForgetBias(torch.cat((cached.log_forget, self.log_forget), dim=-1))
+
+    def attend(self, q, k, v, *, causal: bool = True, scale: float | None = None, block: int | None = None):
+        """:func:`forgetting_attention` with these gates; refuses ``causal=False``."""
+        if causal is not True:
+            raise ValueError(
+                f"ForgetBias works with causal attention only (the decay runs from a key to later queries), "
+                f"got causal={causal!r}"
+            )
+        return forgetting_attention(q, k, v, self.log_forget, scale=scale, block=block)
 
 
 def _check_gates(log_forget, q: torch.Tensor, k_len: int) -> None:

@@ -86,11 +86,12 @@ class Encoding:
         (the model holds them as ``hidden_terms``). Every forward, each layer calls ``m(h, state)`` with
         ``h`` (B, T, D) the normalised hidden state its q, k and v are projected from and ``state`` what
         its KV cache kept from the earlier calls (None without a cache, or on the first call). ``m``
-        returns ``(kwargs, state)``: keyword arguments added to the layer's :func:`posenc.attention` call,
-        and what the cache keeps for the next call (None: nothing). A term of the queries only (a
-        per-query projection: :class:`QueryTerm`) keeps nothing; a term of the keys keeps the cached keys'
-        values (the gates: :class:`KeyTerm`). The names a module lists in ``scaled_by_query`` are per-query
-        tensors (B, H, T, ...) that the layer multiplies by its query scale as it multiplies q.
+        returns ``(bias, state)``: the content bias of the layer's :func:`posenc.attention` call
+        (``bias=``), and what the cache keeps for the next call (None: nothing). A term of the queries
+        only (a per-query projection: :class:`QueryTerm`) keeps nothing; a term of the keys keeps the
+        cached keys' values (the gates: :class:`KeyTerm`). A module whose ``scaled_by_query`` is true gives
+        a bias of per-query values that the layer multiplies by its query scale as it multiplies q
+        (``bias.scaled(factor)``).
 
     Extensions return a changed copy (``dataclasses.replace``); the modifiers combine: two windows keep the
     narrower, two scales multiply (:meth:`narrowed`, :meth:`scaled`).
@@ -150,38 +151,35 @@ def _windowed(bias, mask: torch.Tensor):
 
 
 class KeyTerm(nn.Module):
-    """A hidden-state term of the keys, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives one value per
-    token along its last axis, (B, ..., T), and every later query sees every earlier token's value, so the
-    KV cache keeps them: the call's values are the cached tokens' followed by the new ones, passed to
-    :func:`posenc.attention` as the keyword ``name`` (FoX: a :class:`posenc.ForgetGate` as ``log_forget``).
-    """
+    """A hidden-state term of the keys, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives the call's
+    content bias, whose values belong to every token and are read by every later query (FoX: a
+    :class:`posenc.ForgetGate`'s :class:`posenc.ForgetBias`), so the KV cache keeps the bias of its tokens
+    and each call's bias is the cached tokens' followed by the new ones (``bias.after(cached)``)."""
 
-    def __init__(self, module: nn.Module, name: str):
+    scaled_by_query = False
+
+    def __init__(self, module: nn.Module):
         super().__init__()
-        self.module, self.name = module, name
+        self.module = module
 
-    def forward(self, h: torch.Tensor, state: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
-        values = self.module(h)
-        if state is not None:
-            values = torch.cat((state, values), dim=-1)
-        return {self.name: values}, values
+    def forward(self, h: torch.Tensor, state) -> tuple:
+        bias = self.module(h).after(state)
+        return bias, bias
 
 
 class QueryTerm(nn.Module):
-    """A hidden-state term of the queries, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives one value
-    per query head and new token, (B, H, T, d), passed to :func:`posenc.attention` as the keyword ``name``,
-    with the module's tensors ``tables`` (keyword -> attribute name: parameters the attention reads alongside,
-    Inkling's P as ``{"rel_table": "table"}``). Only the new queries read it, so the KV cache keeps nothing.
-    The layer's query scale multiplies it as it multiplies q (``scaled_by_query``): a temperature on the
-    whole score row, as Inkling's tau scales its position logits with its content logits.
+    """A hidden-state term of the queries, for :attr:`Encoding.hidden_terms`: ``module(h)`` gives the call's
+    content bias of the new queries (Inkling: a :class:`posenc.BandedRelative`'s :class:`posenc.BandedBias`),
+    so the KV cache keeps nothing. The layer's query scale multiplies it as it multiplies q
+    (``scaled_by_query``, through ``bias.scaled``): a temperature on the whole score row, as Inkling's tau
+    scales its position logits with its content logits.
     """
 
-    def __init__(self, module: nn.Module, name: str, tables: dict[str, str] | None = None):
-        super().__init__()
-        self.module, self.name, self.tables = module, name, dict(tables or {})
-        self.scaled_by_query = (name,)
+    scaled_by_query = True
 
-    def forward(self, h: torch.Tensor, state) -> tuple[dict, None]:
-        kwargs = {self.name: self.module(h)}
-        kwargs.update({key: getattr(self.module, attr) for key, attr in self.tables.items()})
-        return kwargs, None
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, h: torch.Tensor, state) -> tuple:
+        return self.module(h), None

@@ -241,7 +241,7 @@ def _fope(cfg: GPTConfig) -> Encoding:
 def _fox(cfg: GPTConfig) -> Encoding:
     # Lin et al. 2025, plain FoX: NoPE and a forget gate per head from each layer's normalised hidden state,
     # the decay bias sum of log f between key and query; the cache keeps the cached keys' log-gates
-    return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head), "log_forget"))
+    return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head)))
 
 
 @register_encoding("banded")
@@ -254,9 +254,10 @@ def _banded(cfg: GPTConfig) -> Encoding:
     1."""
     extent = max(1, cfg.max_len // 2)
     length = functools.partial(floored_log_length, floor=cfg.max_len, alpha=0.1)
-    term = functools.partial(QueryTerm, name="rel_states", tables={"rel_table": "table"})
     return Encoding(
-        hidden_terms=lambda: term(posenc.BandedRelative(cfg.d_model, cfg.n_head, d_rel=16, extent=extent)),
+        hidden_terms=lambda: QueryTerm(
+            posenc.BandedRelative(cfg.d_model, cfg.n_head, d_rel=16, extent=extent)
+        ),
         query_scale=QueryScale(length=length, init=1.0, learned=False),
     )
 

@@ -86,10 +86,10 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         """``x`` (B, T, D) -> (B, T, D). ``attend``: the keyword arguments of :func:`posenc.attention` that
         carry the positional scheme (rotary, bias, positions, scale), and optionally ``query_scale``
-        (H, T), which multiplies the queries first (SSMax), and the hidden terms' per-query tensors that
-        their module lists in ``scaled_by_query`` (Inkling's r). When decoding, ``cache`` holds every layer's
+        (H, T), which multiplies the queries first (SSMax) and the per-query bias of a hidden term that
+        scales with them (``scaled_by_query``: Inkling's r). When decoding, ``cache`` holds every layer's
         past; this is ``layer``. ``terms``: the layer's hidden-state terms
-        (:attr:`posenc.lab.encoding.Encoding.hidden_terms`), which add to ``attend``, or None."""
+        (:attr:`posenc.lab.encoding.Encoding.hidden_terms`), whose bias is the call's ``bias=``, or None."""
         B, T, D = x.shape
         h = self.norm1(x)
         q, k, v = self.qkv(h).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -101,13 +101,13 @@ class Block(nn.Module):
         if cache is not None:
             k, v = cache.append(layer, k, v)
         if terms is not None:
-            extra, state = terms(h, None if cache is None else cache.state[layer])
+            bias, state = terms(h, None if cache is None else cache.state[layer])
             if cache is not None:
                 cache.state[layer] = state
             # a temperature on the whole score row (Inkling's tau): per-query terms scale with the query
-            for name in getattr(terms, "scaled_by_query", ()) if factor is not None else ():
-                extra = {**extra, name: extra[name] * factor.to(extra[name].dtype)}
-            attend = {**attend, **extra}
+            if factor is not None and terms.scaled_by_query:
+                bias = bias.scaled(factor)
+            attend = {**attend, "bias": bias}
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
         # places them, so one call serves training (T == len) and cached decoding (T < len).
         y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
