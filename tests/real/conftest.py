@@ -59,3 +59,38 @@ def real_text(smollm2) -> torch.Tensor:
     text = Path(json.decoder.__file__).read_text()
     ids = smollm2.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     return ids[:, :256].to(DEVICE)
+
+
+def save_tiny_model(folder: Path, config) -> Path:
+    """A tiny random causal LM of ``config`` (a transformers config) saved with a byte-level tokenizer (256
+    byte tokens, no merges: tokenizer.json) into ``folder``: a model folder ``posenc extend --model`` loads
+    in well under a second."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory) -> Path:
+    """A 2-layer Llama trained (nominally) at 128 tokens, with a byte-level tokenizer: a complete model
+    folder for command-line tests that need no real model."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"), config)

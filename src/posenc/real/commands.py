@@ -5,17 +5,38 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posenc.cli import guarded, positive_int
+from posenc.cli import guarded
 
 __all__ = ["add_commands"]
+
+_INT64 = (-(2**63), 2**63 - 1)  # what torch and numpy hold: a count, length or seed past it is refused
+
+
+def _integer(minimum: int = _INT64[0], maximum: int = _INT64[1], what: str = "int64"):
+    """An argparse ``type``: an integer from ``minimum`` to ``maximum`` (default 2^63 - 1); argparse names
+    the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer from {minimum} to {maximum} ({what}), got {text!r}"
+            )
+        return value
+
+    return parse
 
 
 def _list(kind):
     def parse(text: str):
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            why = f": {e}" if isinstance(e, argparse.ArgumentTypeError) else ""
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list{why}, got {text!r}") from None
         if not values:
             raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
         return values
@@ -27,8 +48,10 @@ def _list(kind):
 def cmd_extend(args) -> int:
     from posenc.cli import check_matplotlib, check_output_dir
     from posenc.lab.runtime import check_device
-    from posenc.real.extend import ExtendSettings, check_settings, run_extend
-    from posenc.real.loader import load_real_model
+    from posenc.real.corpus import check_corpus
+    from posenc.real.extend import ExtendSettings, check_methods, check_settings, resolve, run_extend
+    from posenc.real.loader import load_real_model, model_config
+    from posenc.real.methods import check_extendable
 
     check_output_dir("--out", args.out)
     if not args.no_plot:
@@ -50,6 +73,11 @@ def cmd_extend(args) -> int:
         chat=not args.no_chat_template,
     )
     check_settings(settings)  # before the model loads, which takes seconds (tens for a new GGUF)
+    check_corpus(args.corpus)
+    config = model_config(args.model)  # a model folder's config.json; a GGUF's is checked once converted
+    if config is not None:
+        check_extendable(config)
+        check_methods(resolve(settings, config, device), config)
     real = load_real_model(args.model, cache_dir=args.cache_dir, dtype=args.dtype, device=device)
     result = run_extend(real, settings, args.out, progress=not args.no_progress, figure=not args.no_plot)
     print(result.table)
@@ -67,7 +95,10 @@ def add_commands(subparsers) -> None:
         help="context extension on a real pretrained model: perplexity and passkey per method and length",
         description="A model trained at N tokens, run at N, 2N, ... with each context-extension method: "
         "perplexity of the same final tokens with more context, passkey retrieval, the cost to short "
-        "prompts, time and memory. Resumable: rerun the same command to continue. Methods: "
+        "prompts, time and memory. Resumable: rerun the same command to continue. A frequency method (pi, "
+        "ntk, dynamic, yarn, llama3) replaces the RoPE scaling the model's config may have; none and the "
+        "training-free remaps (selfextend, rerope, leaky-rerope, string, dca) keep it, and the remaps map "
+        "distances on top of it into the trained length. Methods: "
         + "; ".join(f"{k}: {v}" for k, v in EXTEND_METHODS.items()),
         formatter_class=HelpFormatter,
     )
@@ -84,12 +115,17 @@ def add_commands(subparsers) -> None:
     )
     p.add_argument(
         "--lengths",
-        type=_list(int),
+        type=_list(_integer(minimum=1)),
         help="window lengths in tokens, comma-separated (default: the trained length and 2x; cuda: 4x too)",
     )
-    p.add_argument("--windows", type=positive_int, default=4, help="windows per length (text from --corpus)")
     p.add_argument(
-        "--passkey-trials", type=int, default=8, help="passkey prompts per length; 0 skips passkey retrieval"
+        "--windows", type=_integer(minimum=1), default=4, help="windows per length (text from --corpus)"
+    )
+    p.add_argument(
+        "--passkey-trials",
+        type=_integer(minimum=0),
+        default=8,
+        help="passkey prompts per length; 0 skips passkey retrieval",
     )
     p.add_argument(
         "--corpus",
@@ -100,7 +136,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     _length_args(p)
-    p.add_argument("--seed", type=int, default=0, help="the passkey keys")
+    p.add_argument("--seed", type=_integer(), default=0, help="the passkey keys")
     p.add_argument(
         "--no-chat-template",
         action="store_true",
@@ -109,7 +145,8 @@ def add_commands(subparsers) -> None:
     p.add_argument(
         "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
     )
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    threads = _integer(minimum=1, maximum=2**31 - 1, what="torch takes an int32")
+    p.add_argument("--threads", type=threads, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_extend)
@@ -119,7 +156,7 @@ def _length_args(p) -> None:
     """The trained length, the factor, and which tokens are scored."""
     p.add_argument(
         "--train-len",
-        type=int,
+        type=_integer(minimum=1),
         help="the trained length the factor is counted from (default: the config's "
         "original_max_position_embeddings, else max_position_embeddings)",
     )
@@ -128,11 +165,11 @@ def _length_args(p) -> None:
     )
     p.add_argument(
         "--score-tokens",
-        type=int,
+        type=_integer(minimum=1),
         help="final tokens of each window that every length scores (default: min(1024, shortest length / 8))",
     )
     p.add_argument(
         "--short-tokens",
-        type=int,
+        type=_integer(minimum=1),
         help="first tokens of the windows at the trained length scored as a short prompt (default: 1024)",
     )

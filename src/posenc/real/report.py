@@ -273,6 +273,7 @@ def extend_figure(payload: dict) -> Figure:
             mids = [(a + b) / 2 for a, b, _ in curve]
             ax_ctx.plot(mids, [p for *_, p in curve], ".-", color=c, label=r["method"])
     plain = FuncFormatter(lambda v, _: f"{v:g}")
+    drawn = {ax: any(len(line.get_xdata()) for line in ax.lines) for ax in (ax_ppl, ax_ctx)}
     for ax in (ax_ppl, ax_key, ax_ctx):
         ax.axvline(L, color="0.5", ls="--", lw=1)
         ax.set_xscale("log", base=2)
@@ -282,6 +283,9 @@ def extend_figure(payload: dict) -> Figure:
         ax.set_xticks(lengths)
         ax.xaxis.set_minor_formatter(NullFormatter())
     for ax in (ax_ppl, ax_ctx):
+        if not drawn[ax]:  # nothing measured here (yet, or at all): a log axis of no data cannot be drawn
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+            continue
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(plain)
