@@ -38,3 +38,30 @@ def test_every_family_marked_tested_has_a_parity_test():
     built = {getattr(transformers, cfg_cls).model_type for cfg_cls, *_ in MODELS.values()}
     assert PATCHED_FAMILIES and set(PATCHED_FAMILIES) <= built
     assert family("no_such_model") == Family("no_such_model")  # nothing known: a bare entry
+
+
+def test_the_readme_llama_3_1_example_runs_without_warnings():
+    """The README's tiny Llama 3.1 left max_position_embeddings at LlamaConfig's 2048, below the
+    original_max_position_embeddings 8192 of its llama3 scaling, and transformers warned of it twice."""
+    import logging
+    import warnings
+    from pathlib import Path
+
+    import torch
+
+    import posenc
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    (code,) = [b for b in readme.split("```python\n")[1:] if '"rope_type": "llama3"' in b.split("```")[0]]
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(code.split("```")[0], "README.md", "exec"), {"torch": torch, "posenc": posenc})
+    finally:
+        library.removeHandler(handler)
+    assert not said and not [str(w.message) for w in caught], (said, [str(w.message) for w in caught])

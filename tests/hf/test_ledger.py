@@ -85,3 +85,23 @@ def test_the_ledger_puts_back_own_attributes_properties_and_deletes_new_ones():
     book.undo()
     assert module.in_features == 2 and "extra" not in module._modules and "forward" not in vars(module)
     assert config.mode == "a" and not module._forward_hooks
+
+
+def test_a_rotary_embedding_subclass_is_refused_by_patch_model_and_consistent_cache():
+    """A RotaryEmbedding subclass (xPos, whose keys are scaled otherwise than its queries, or a user's own)
+    cannot be carried by the cos/sin a model's rotary module hands out: refused, nothing patched."""
+    from posenc.hf import consistent_cache
+
+    class Shifted(posenc.RotaryEmbedding):
+        def forward(self, q, k, **kwargs):
+            return super().forward(q, k, offset=1)
+
+    model = llama()
+    xpos = posenc.XPos(16, layout="half")
+    for rotary, message in ((xpos, "does more than rotate"), (Shifted(16), "subclass")):
+        for remap in (None, posenc.SelfExtend(1, 1 << 20)):
+            with pytest.raises(ValueError, match=message):
+                patch_model(model, rotary=rotary, remap=remap)
+            assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
+        with pytest.raises(ValueError, match=message):
+            consistent_cache(model, rotary)

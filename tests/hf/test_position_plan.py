@@ -237,3 +237,40 @@ def test_llama4_scout_equal_freq_factors():
     config = transformers.Llama4TextConfig(**{k: v for k, v in raw.items() if k != "model_type"})
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
     np.testing.assert_allclose(plan[0].rope.module().inv_freq.numpy(), want.numpy(), rtol=2.5e-6)
+
+
+@pytest.mark.parametrize(
+    "parameters, message",
+    [
+        ({"rope_type": "linear", "factor": float("nan")}, r"scaling\['factor'\] must be a finite number"),
+        ({"rope_type": "linear", "factor": -2.0}, r"scaling\['factor'\] must be >= 1.0, got -2.0"),
+        ({"rope_type": "linear", "factor": 0.5}, r"scaling\['factor'\] must be >= 1.0, got 0.5"),
+        (
+            {"rope_type": "yarn", "factor": 4.0, "beta_fast": float("inf")},
+            r"scaling\['beta_fast'\] must be a finite number",
+        ),
+    ],
+)
+def test_position_plan_refuses_what_rotary_from_config_refuses(parameters, message):
+    """position_plan returned plans with these factors, which rotary_from_config refuses; both now run the
+    same check and name the key."""
+    from posenc.hf import rotary_from_config
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_theta": 1e4, **parameters}
+    )
+    for read in (rotary_from_config, position_plan):
+        with pytest.raises(ValueError, match=message):
+            read(config)
+
+
+def test_position_plan_refuses_m_rope_sections_the_head_cannot_hold():
+    """An mrope_section of more pairs than the rotary dimension has gave a plan that MRotaryEmbedding
+    refuses to build; the plan is refused by the same check."""
+    config = transformers.Qwen2VLTextConfig(
+        hidden_size=256,
+        num_attention_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [40, 40, 40]},
+    )
+    with pytest.raises(ValueError, match=r"mrope_section \[40, 40, 40\] sums to 120 pairs, .* has 64"):
+        position_plan(config)

@@ -243,3 +243,32 @@ def test_a_family_whose_cache_positions_the_remap_cannot_follow_is_refused_befor
     with pytest.raises(ValueError, match="cannot decode bamba from its cache"):
         patch_model(model, remap=posenc.SelfExtend(1, 1 << 20))
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
+
+
+@torch.no_grad()
+def test_a_padding_mask_is_refused_however_it_reaches_the_model():
+    """The mask given positionally, to the inner model, or as a 4D mask went unread and the padded tokens
+    were attended (the output equal to no mask at all); each form is refused, and a mask that pads nothing
+    (2D ones, or the causal 4D mask) gives the unpatched model's logits."""
+    model = tiny_llama()
+    ids = torch.randint(1, 128, (2, 10))
+    want = model(ids).logits
+    patch_model(model, remap=posenc.SelfExtend(4, 64))  # every distance inside the window: moves none
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()[None, None].expand(2, 1, 10, 10)
+    padded = causal.clone()
+    padded[1, ..., :3] = False
+    for call in (
+        lambda: model(ids, mask),
+        lambda: model.model(ids, attention_mask=mask),
+        lambda: model.model(ids, mask),
+        lambda: model(ids, attention_mask=padded),
+    ):
+        with pytest.raises(ValueError, match="unpadded"):
+            call()
+    additive = torch.zeros(2, 1, 10, 10).masked_fill(~causal, torch.finfo(torch.float32).min)
+    for unpadded in (torch.ones_like(ids), causal, additive):
+        torch.testing.assert_close(model(ids, unpadded).logits, want, rtol=1e-5, atol=1e-5)
+    hidden = model.model(ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+    torch.testing.assert_close(model.lm_head(hidden), want, rtol=1e-5, atol=1e-5)

@@ -163,3 +163,55 @@ def test_a_rotary_module_built_to_skip_the_scaling_stays_unscaled():
     rope_scaling_layers): patched, each module keeps its own schedule, checked against its own cos/sin."""
     (result,) = zoo.sweep(["molmo2_text"], scaling=zoo.SCALINGS["linear"])
     assert result.status == "exact", result
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--docs", "missing.md"], r"--docs '.*missing.md' is not an existing file"),
+        (["--docs", "plain.md"], r"--docs '.*plain.md' has no <!-- posenc zoo: begin -->"),
+        (["--docs", "."], r"--docs '.*' is a directory"),
+        (["--json", "."], r"--json '.*' is a directory"),
+        (
+            ["--types", "lama"],
+            r"--types: 'lama' is not a model type transformers registers; did you mean llama,",
+        ),
+        (["--types", " , "], r"--types ' , ' names no model type"),
+    ],
+)
+def test_the_command_refuses_bad_arguments_before_the_sweep(args, message, tmp_path, monkeypatch, capsys):
+    """A bad --docs or --json path failed with a traceback after the whole sweep, and a misspelt type was
+    swept as a type; each is one error line naming the option, exit status 2, before any work."""
+    from posenc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain.md").write_text("# no table here\n")
+    monkeypatch.setattr(zoo, "sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    assert main(["zoo", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.fullmatch(f"posenc zoo: error: {message}.*", err), err
+
+
+def test_the_command_writes_json_into_a_new_folder(tmp_path, monkeypatch):
+    from posenc.cli import main
+
+    monkeypatch.setattr(zoo, "sweep", lambda types, progress=None: [zoo.ZooResult("llama", "refused", "x")])
+    assert main(["zoo", "--types", "llama", "--json", str(tmp_path / "new" / "zoo.json"), "--quiet"]) == 0
+    assert '"model_type": "llama"' in (tmp_path / "new" / "zoo.json").read_text()
+
+
+def test_a_family_whose_rotary_is_an_option_is_checked_with_it_on():
+    """ESM's rotary variant (position_embedding_type="rotary") read "no rotary module" from its default
+    config, and patched, its forward raised (its rotary module's forward takes a layer_type it ignores and
+    was taken for a per-layer-type one); the zoo builds it rotary, and it patches exactly."""
+    assert zoo.tiny_config("esm").position_embedding_type == "rotary"
+    (result,) = zoo.sweep(["esm"])
+    assert result.status == "exact", result
+
+
+def test_blt_is_built_tiny_and_patched_exactly():
+    """BLT's hashed n-gram embeddings (500002 rows per n) kept it at 785M parameters after shrinking; built
+    tiny, its four rotary modules (patcher, local encoder and decoder, global model) patch exactly, near
+    position 3000 too."""
+    (result,) = zoo.sweep(["blt"])
+    assert result.status == "exact" and result.far is not None, result

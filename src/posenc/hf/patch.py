@@ -15,6 +15,7 @@ from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ..rope.mrope import MRotaryEmbedding
 from ..rope.table import call_context
+from ..rope.xpos import XPos
 from ._config import _get, rope_settings, rotary_from_config, temperature_keys
 from .families import having
 from .layers import ADAPTERS, patch_layers
@@ -36,8 +37,8 @@ def _cos_sin(module, x, position_ids):
     if identity is not None:  # patch_model(remap=): the attention rotates q and k, and checks these positions
         # a new forward starts here (the model's rotary module runs once, before its layers), whichever
         # module the caller ran: what the last forward learnt about positions and its cache is stale
-        identity.pop("last", None)
-        identity.pop("streaming", None)
+        for stale in ("last", "streaming", "masks"):
+            identity.pop(stale, None)
         identity["positions"] = position_ids
         shape = (*position_ids.shape, rot.rotary_dim // 2)
         return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
@@ -208,8 +209,8 @@ def _rope_layer_types(module) -> list[str] | None:
     except (TypeError, ValueError):
         return None
     kinds = getattr(module, "rope_type", None)
-    if not takes_type or not isinstance(kinds, dict):
-        return None
+    if not takes_type or not isinstance(kinds, dict) or not kinds:
+        return None  # one RoPE (ESM's forward takes a layer_type it ignores, its rope_type dict is empty)
     return sorted(kinds)
 
 
@@ -418,17 +419,27 @@ def _form(module, name: str, model_type: str) -> str:
     return form
 
 
+def _check_plain(rotary) -> None:
+    """A ValueError unless ``rotary`` is a plain :class:`RotaryEmbedding`: a model's rotary module hands
+    out cos/sin only and the model's attention rotates with them, so a subclass's own forward, rotate or
+    key handling (xPos scales keys otherwise than queries) would never run."""
+    if not isinstance(rotary, RotaryEmbedding):
+        raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
+    if type(rotary) is not RotaryEmbedding:
+        does = "does more than rotate (xPos scales queries and keys too)"
+        if not isinstance(rotary, XPos):
+            does = "is a RotaryEmbedding subclass, whose own forward and rotate the model never calls"
+        raise ValueError(
+            f"rotary={type(rotary).__name__}(...) {does}, which the cos/sin a model's rotary module hands "
+            "out cannot carry; pass a posenc.RotaryEmbedding"
+        )
+
+
 def _check_rotary(rotary, config, name: str, layout: str) -> None:
     """A ValueError unless ``rotary`` can stand for the rotary module ``name`` of a model with ``config``
     whose attention pairs dimensions as ``layout`` says: a plain :class:`RotaryEmbedding` with the model's
     head and rotary dimensions and pairing."""
-    if not isinstance(rotary, RotaryEmbedding):
-        raise ValueError(f"rotary must be a posenc.RotaryEmbedding or None, got {type(rotary).__name__}")
-    if type(rotary) is not RotaryEmbedding:
-        raise ValueError(
-            f"rotary={type(rotary).__name__}(...) does more than rotate (xPos scales queries and keys too), "
-            "which the cos/sin a model's rotary module hands out cannot carry; pass a posenc.RotaryEmbedding"
-        )
+    _check_plain(rotary)
     want = {**rope_settings(config, read_elsewhere=temperature_keys(config)), "layout": layout}
     got = {"head_dim": rotary.head_dim, "rotary_dim": rotary.rotary_dim, "layout": rotary.layout}
     for key, value in got.items():
@@ -533,6 +544,8 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
 
     from ..rope.cache import rerotate_schedule, same_schedule
 
+    if rotary is not None:
+        _check_plain(rotary)  # the cached keys are rotated by the model's cos/sin, nothing else
     if rotary is None:
         found = [
             m.posenc_rotary

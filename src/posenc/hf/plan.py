@@ -166,7 +166,10 @@ def _frozen(params: Mapping | None) -> tuple:
 
 
 def _rope(settings: dict, **extra) -> Rope:
-    """A :class:`Rope` from :func:`rope_settings`'s keyword arguments."""
+    """A :class:`Rope` from :func:`rope_settings`'s keyword arguments, checked as the module it describes
+    checks its arguments (a scaling factor that is NaN or below 1, M-RoPE sections the rotary dimension
+    cannot hold, ...): the one validation :func:`~posenc.hf.rotary_from_config` runs too, so a plan never
+    holds an encoding posenc would refuse to build."""
     fields = {
         "base": settings["base"],
         "head_dim": settings["head_dim"],
@@ -175,7 +178,9 @@ def _rope(settings: dict, **extra) -> Rope:
         "scaling": _frozen(settings["scaling"]),
         "max_position_embeddings": settings["max_position_embeddings"],
     }
-    return Rope(**{**fields, **extra})
+    rope = Rope(**{**fields, **extra})
+    rope.module()  # raises the module's own ValueError, naming the argument or key and the value
+    return rope
 
 
 # ---------------------------------------------------------------------------------------------- readers

@@ -15,11 +15,15 @@ way) is refused, and so is a forward in which the model's attention never reache
 
 The keys are the positions up to the last query's (the position ids the rotary module is given: from 0
 without a cache; a sliding-window cache keeps the tail): one consecutive run of positions for the whole
-batch, unpadded (a padded batch is refused before the forward runs, packed position ids at the first layer).
+batch, unpadded. A padding mask is refused however it comes: to the model as a keyword or positionally
+(before the forward runs), to an inner module (when transformers builds the layers' mask, through the mask
+function registered with the attention function), or as a 4D mask of anything but causal attention within
+the layer's window (at the first layer); packed position ids at the first layer.
 """
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import torch
@@ -60,6 +64,8 @@ def _remap_forward(
         offset = calls["last"] + 1 - key.shape[-2]
         if offset < 0:
             raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls['last']}")
+    if attention_mask is not None:
+        _check_causal(attention_mask, calls, query.shape[-2], key.shape[-2], offset, sliding_window or None)
     sinks = kwargs.get("s_aux")
     if sinks is None and isinstance(getattr(module, "sinks", None), torch.Tensor):
         raise ValueError(f"{type(module).__name__} has sinks but does not pass them as s_aux")
@@ -96,13 +102,64 @@ def _last_position(positions, q_len: int, k_len: int) -> int:
     return int(rows[0, -1])
 
 
-def _before_forward(model, args, kwargs):
-    mask = kwargs.get("attention_mask")
+_PADDED = (
+    "a model patched with remap= takes unpadded batches only (its keys start at position 0); this "
+    "attention_mask masks some tokens: run the sequences one at a time"
+)
+
+
+def _refuse_padding(mask) -> None:
+    """A ValueError if a (batch, keys) padding mask masks any token."""
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and not bool(mask.all()):
+        raise ValueError(_PADDED)
+
+
+def _remap_mask(*args, attention_mask=None, **kwargs):
+    """transformers' mask-function protocol for the ``posenc_remap`` implementation: the model's 2D padding
+    mask (batch, keys) as bool, or None, however it reached the model; refused if it masks a token, and no
+    mask is built (the remap kernels are causal within the layer's window themselves)."""
+    _refuse_padding(attention_mask)
+    return None
+
+
+def _check_causal(mask: torch.Tensor, calls: dict, q_len: int, k_len: int, offset: int, window) -> None:
+    """A ValueError unless a 4D mask (batch, 1 or heads, q_len, k_len), bool or additive, lets each query
+    see exactly the keys at positions up to its own within ``window``, as the remap kernels do (a padding
+    or custom mask reaching the attention without the model's mask function); checked once per forward and
+    window, at the cost of reading the mask."""
+    seen = calls.setdefault("masks", set())
+    if window in seen:
+        return
+    if mask.dim() != 4 or tuple(mask.shape[-2:]) != (q_len, k_len):
         raise ValueError(
-            "a model patched with remap= takes unpadded batches only (its keys start at position 0); this "
-            "attention_mask masks some tokens: run the sequences one at a time"
+            f"a model patched with remap= takes no attention mask but the causal one; this one has shape "
+            f"{tuple(mask.shape)} for {q_len} queries and {k_len} keys"
         )
+    q_pos = torch.arange(offset + k_len - q_len, offset + k_len, device=mask.device)[:, None]
+    k_pos = torch.arange(offset, offset + k_len, device=mask.device)[None]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    if mask.dtype == torch.bool:
+        same = bool((mask == allowed).all())
+    else:  # additive: 0 where allowed, the dtype's lowest value (or -inf) where masked
+        low = torch.finfo(mask.dtype).min
+        same = bool(torch.where(allowed, mask == 0, mask <= low / 2).all())
+    if not same:
+        raise ValueError(
+            "a model patched with remap= attends causally within each layer's window, unpadded; the "
+            "attention mask its attention was given masks otherwise (padding, or a custom mask): run the "
+            "sequences one at a time, without a mask"
+        )
+    seen.add(window)
+
+
+def _before_forward(model, args, kwargs):
+    try:  # the mask given to the model, by keyword or positionally
+        given = inspect.signature(type(model).forward).bind_partial(model, *args, **kwargs).arguments
+    except TypeError:  # the forward itself will say what is wrong with its arguments
+        given = kwargs
+    _refuse_padding(given.get("attention_mask"))
     calls = model._posenc_remap_calls
     calls.clear()
     calls["n"] = 0
@@ -122,11 +179,14 @@ def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
     layer ``(rotary, remap)``, and the model the ``posenc_remap`` attention implementation (module
     docstring); every change into ``book``."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     layers = _attention_layers(model)
     if not layers:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
     AttentionInterface.register(IMPLEMENTATION, _remap_forward)
+    # the model's mask construction calls this with its padding mask, whichever module was called with it
+    AttentionMaskInterface.register(IMPLEMENTATION, _remap_mask)
     book.set(module, "posenc_rotary", rotary.to(next(iter(module.buffers()), torch.empty(0)).device))
     # per forward: attention calls, the position ids the rotary module was given, the last query's position
     calls = {"n": 0}

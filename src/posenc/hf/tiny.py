@@ -50,6 +50,8 @@ _SIZES = dict(
     linear_num_heads=2,  # linear-attention layers of hybrids
     unpadded_vocab_size=512,
     audio_vocab_size=64,
+    encoder_hash_byte_group_vocab=512,  # BLT's hashed n-gram embeddings, one table per n
+    hidden_size_global=256,  # BLT's local encoder and decoder read the global model's hidden size
 )
 _GLM_MROPE = {  # GLM-4.1V's released rope_parameters: its code splits 64 rotated dimensions in these sections
     "rope_parameters": {
@@ -78,6 +80,12 @@ _RELEASED = {
 _TOKEN_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
 
+def _is_config(key: str, value: dict) -> bool:
+    """Whether a dict inside a config's to_dict() is a sub-model's config: a ``*_config`` key, or one that
+    names its model_type (T5Gemma's ``encoder`` and ``decoder``)."""
+    return key != "per_layer_config" and (key.endswith("_config") or isinstance(value.get("model_type"), str))
+
+
 def shrunk(values: dict) -> dict:
     """The keyword arguments that make a config with these ``values`` (its ``to_dict()``) tiny."""
     out = {}
@@ -95,7 +103,7 @@ def shrunk(values: dict) -> dict:
                 )
         elif key in _TOKEN_IDS and isinstance(value, int):
             out[key] = _TOKEN_IDS[key]
-        elif isinstance(value, dict) and key.endswith("_config") and key != "per_layer_config":
+        elif isinstance(value, dict) and _is_config(key, value):
             out[key] = shrunk(value) | ({"model_type": value["model_type"]} if "model_type" in value else {})
         elif isinstance(layers, int) and layers > 1 and isinstance(value, list) and len(value) == layers:
             out[key] = value[: _SIZES["num_hidden_layers"]]  # one entry per layer

@@ -1,5 +1,6 @@
 """posenc across the transformers zoo: every registered model type whose code has a rotary module, built
-tiny from its own config class, patched with :func:`posenc.hf.patch_model` and classified.
+tiny from its own config class (with the config options that switch its rotary embedding on),
+patched with :func:`posenc.hf.patch_model` and classified.
 
 A model is checked as a user would run it, with transformers' own rotary modules made to hand out wrong
 cos/sin (so that a silent fallback to them shows): logits at positions 0..11, again 12 tokens starting
@@ -32,6 +33,7 @@ for every model type and fails on any failure or on a table row that says otherw
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 import types
@@ -45,7 +47,16 @@ from .replica import decoded, output_of
 from .source import modeling_source
 from .tiny import MAX_PARAMETERS, shrunk
 
-__all__ = ["FAILURES", "ZooResult", "check", "markdown", "rope_model_types", "sweep", "tiny_config"]
+__all__ = [
+    "FAILURES",
+    "ROTARY_ON",
+    "ZooResult",
+    "check",
+    "markdown",
+    "rope_model_types",
+    "sweep",
+    "tiny_config",
+]
 
 FAILURES = ("silently wrong", "accepted then crashed", "crashed when patched")
 LENGTH = 12
@@ -85,12 +96,29 @@ def rope_model_types() -> list[str]:
     return sorted(t for t in registered if "RotaryEmbedding" in modeling_source(t))
 
 
+# The config options that switch a family's rotary embedding on where its default is another encoding (or
+# none), with what the rotary variant's released checkpoints set for it to run tiny (attention layers among
+# the six kept, the token ids its code reads): the zoo checks the rotary variant, what patch_model is given
+ROTARY_ON = {
+    # ESM-2 (ESM-1b's absolute positions are the config's default); its embeddings read the mask token
+    "esm": {"position_embedding_type": "rotary", "mask_token_id": 32, "pad_token_id": 1},
+    # Granite 4.0-H: its config defaults to NoPE and to Mamba layers only
+    "granitemoehybrid": {
+        "position_embedding_type": "rope",
+        "layer_types": ["linear_attention", "full_attention"] * 3,
+    },
+    # Zamba2: RoPE in the shared attention blocks, which the default puts from layer 6 on
+    "zamba2": {"use_mem_rope": True, "layers_block_type": ["linear_attention", "hybrid"] * 3},
+}
+
+
 def tiny_config(model_type: str):
-    """The config of ``model_type`` with every size made small (defaults for everything else)."""
+    """The config of ``model_type`` with every size made small and its rotary embedding switched on
+    (:data:`ROTARY_ON`); defaults for everything else."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    return cls(**shrunk(cls().to_dict()))
+    return cls(**shrunk(cls().to_dict()) | ROTARY_ON.get(model_type, {}))
 
 
 def _model_class(model_type: str):
@@ -406,19 +434,67 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
+def _docs_text(path: Path, flag: str = "--docs") -> str:
+    """The text of the markdown file ``path`` whose table the sweep rewrites; a ValueError naming ``flag``
+    and the path unless it is a readable, writable file with both markers."""
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not an existing file"
+        raise ValueError(f"{flag} {str(path)!r} is {kind}; expected a markdown file with the zoo's markers")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {str(path)!r} cannot be read: {e}") from None
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{flag} {str(path)!r} has no {BEGIN} ... {END} markers to put the table between")
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r} is not writable")
+    return text
+
+
 def write_docs(path: Path, results: list[ZooResult]) -> None:
     """Replace the table between the markers in ``path`` with this sweep's."""
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} markers to put the table between")
+    text = _docs_text(path)
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
     path.write_text(pattern.sub(lambda _: markdown(results), text))
+
+
+def _chosen_types(text: str | None) -> list[str] | None:
+    """The model types ``--types`` names (None: every one with a rotary module); a ValueError naming an
+    unknown one, with the closest registered names."""
+    import difflib
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if text is None:
+        return None
+    chosen = [t.strip() for t in text.split(",") if t.strip()]
+    if not chosen:
+        raise ValueError(f"--types {text!r} names no model type")
+    twice = sorted({t for t in chosen if chosen.count(t) > 1})
+    if twice:  # the sweep would check each twice
+        raise ValueError(f"--types {text!r} names {', '.join(twice)} more than once; give each once")
+    known = list(CONFIG_MAPPING.keys())
+    for name in chosen:
+        if name not in CONFIG_MAPPING:
+            close = difflib.get_close_matches(name, rope_model_types(), n=3) or difflib.get_close_matches(
+                name, known, n=3
+            )
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"--types: {name!r} is not a model type transformers registers{hint}")
+    return chosen
 
 
 def _command(args) -> int:
     import json
 
-    chosen = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else None
+    from ..cli import check_output_file
+
+    # every argument checked before the sweep, which takes minutes
+    chosen = _chosen_types(args.types)
+    if args.json:
+        check_output_file("--json", args.json)
+    if args.docs:
+        _docs_text(Path(args.docs))
     width = max(map(len, chosen or rope_model_types()))
 
     def show(r: ZooResult) -> None:
@@ -433,7 +509,9 @@ def _command(args) -> int:
         return _scaling_command(chosen, args.quiet, width)
     results = sweep(chosen, progress=None if args.quiet else show)
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
+        out = check_output_file("--json", args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps([asdict(r) for r in results], indent=1))
     if args.docs:
         write_docs(Path(args.docs), results)
     failed = [r.model_type for r in results if r.failed]
@@ -463,7 +541,7 @@ def _scaling_command(chosen, quiet: bool, width: int) -> int:
 
 def add_commands(subparsers) -> None:
     """Add ``posenc zoo``."""
-    from ..cli import HelpFormatter
+    from ..cli import HelpFormatter, guarded
 
     zoo = subparsers.add_parser(
         "zoo",
@@ -480,4 +558,4 @@ def add_commands(subparsers) -> None:
         action="store_true",
         help="check every type under linear, dynamic, yarn and llama3 scaling instead (counts per method)",
     )
-    zoo.set_defaults(func=_command)
+    zoo.set_defaults(func=guarded("zoo")(_command))
