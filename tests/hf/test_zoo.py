@@ -138,13 +138,13 @@ def test_a_plan_posenc_cannot_run_is_refused_when_patched():
     assert not any(hasattr(m, "posenc_rotary") for m in model.modules())
 
 
-@pytest.mark.parametrize("scaling", sorted(zoo.SCALINGS))
+@pytest.mark.parametrize("scaling", sorted(zoo.scalings()))
 @pytest.mark.parametrize(
     "model_type", ["llama", "qwen2", "olmo3", "gpt_neox", "gemma3_text", "qwen2_vl_text"]
 )
 def test_scaling_variants_are_exact_or_refused(model_type, scaling):
     """A sample of the families under each scaling method (posenc zoo --scaling runs them all)."""
-    (result,) = zoo.sweep([model_type], scaling=zoo.SCALINGS[scaling])
+    (result,) = zoo.sweep([model_type], scaling=zoo.scalings()[scaling])
     assert not result.failed, f"{model_type} with {scaling}: {result}"
     assert result.status in ("exact", "refused"), result
     if model_type == "llama":  # the methods moved the positions: a wrong schedule would have shown
@@ -152,7 +152,7 @@ def test_scaling_variants_are_exact_or_refused(model_type, scaling):
 
 
 def test_scaled_configs_carry_the_method_in_every_layer_type():
-    config = zoo.scaled(zoo.tiny_config("gemma3_text"), zoo.SCALINGS["yarn"])
+    config = zoo.scaled(zoo.tiny_config("gemma3_text"), zoo.scalings()["yarn"])
     for params in config.rope_parameters.values():
         assert params["rope_type"] == "yarn" and params["original_max_position_embeddings"] == 131072
     assert {p["rope_theta"] for p in config.rope_parameters.values()} == {1e4, 1e6}
@@ -161,7 +161,7 @@ def test_scaled_configs_carry_the_method_in_every_layer_type():
 def test_a_rotary_module_built_to_skip_the_scaling_stays_unscaled():
     """Molmo2 keeps a second rotary module that ignores rope_scaling (for the layers outside
     rope_scaling_layers): patched, each module keeps its own schedule, checked against its own cos/sin."""
-    (result,) = zoo.sweep(["molmo2_text"], scaling=zoo.SCALINGS["linear"])
+    (result,) = zoo.sweep(["molmo2_text"], scaling=zoo.scalings()["linear"])
     assert result.status == "exact", result
 
 

@@ -1,10 +1,10 @@
 """posenc.lab.encodings: the registry of positional encodings and the RoPE eval-time extensions."""
 
 import posenc
+from posenc.extension import extension_scaling
 from posenc.lab.config import GPTConfig
 from posenc.lab.encodings import ENCODINGS, EXTENSIONS, Encoding, register_encoding
 from posenc.lab.model import GPT
-from posenc.rope.frequencies import extension_scaling
 
 SCHEMES = ["none", "sinusoidal", "learned", "rope", "alibi"]
 

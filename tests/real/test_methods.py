@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from posenc import SelfExtend
+from posenc.extension import extension_scaling
 from posenc.hf import rope_settings
 from posenc.real.methods import (
     EXTEND_METHODS,
@@ -15,7 +16,6 @@ from posenc.real.methods import (
     method_rotary,
     trained_length,
 )
-from posenc.rope.frequencies import extension_scaling
 
 LLAMA = {
     "model_type": "llama",

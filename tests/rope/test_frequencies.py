@@ -18,6 +18,7 @@ from transformers.models.gpt_neox import modeling_gpt_neox as gpt_neox_modeling
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
 import posenc
+from posenc import extension
 from posenc import reference as R
 from posenc.rope import frequencies as F
 
@@ -412,11 +413,11 @@ def test_llama3_with_an_empty_blend_band():
     assert (want != default).any() and (want == default).any()  # both sides of the band occur
 
 
-@pytest.mark.parametrize("method", list(F.EXTENSION_METHODS))
+@pytest.mark.parametrize("method", [n for n, m in extension.METHODS.items() if m.kind == "frequencies"])
 def test_extension_scaling_gives_transformers_the_frequencies_of_its_method(method):
     """Every short name's dict, read by transformers' own init function, gives posenc's frequencies; static
     NTK, which transformers lacks, is its default schedule at the raised base."""
-    scaling = F.extension_scaling(method, 4.0, ORIG)
+    scaling = extension.extension_scaling(method, 4.0, ORIG)
     got, _ = F.rope_frequencies(
         64, scaling=scaling, base=1e4, max_position_embeddings=ORIG, seq_len=3 * ORIG, dtype=torch.float64
     )
@@ -435,4 +436,6 @@ def test_extension_scaling_gives_transformers_the_frequencies_of_its_method(meth
 
 def test_extension_scaling_refuses_an_unknown_method_by_name():
     with pytest.raises(ValueError, match=r"method must be one of 'pi', 'ntk'.*got 'rerope'"):
-        F.extension_scaling("rerope", 2.0, 4096)
+        extension.extension_scaling("rerope", 2.0, 4096)
+    with pytest.raises(ValueError, match=r"method must be one of 'pi', 'ntk'.*got 'rope'"):
+        extension.extension_scaling("rope", 2.0, 4096)

@@ -24,7 +24,7 @@ Each model type gets one :class:`ZooResult`:
 
 Where the model patches exactly, it is patched again with ``remap=`` (SelfExtend in groups of one: every
 distance as it is, through the remap kernels) and classified the same way (``ZooResult.remap``).
-``posenc zoo --scaling`` runs the sweep under each of :data:`SCALINGS` instead.
+``posenc zoo --scaling`` runs the sweep under each of :func:`scalings` instead.
 
 ``posenc zoo`` runs the sweep and writes its table into docs/models.md; ``tests/hf/test_zoo.py`` runs it
 for every model type and fails on any failure or on a table row that says otherwise.
@@ -32,6 +32,7 @@ for every model type and fails on any failure or on a table row that says otherw
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -355,23 +356,20 @@ def _remap_outcome(model, ids, want, want_decoded, tol: float) -> tuple[str, str
         _restore(model)
 
 
-# The scaling variants ``posenc zoo --scaling`` checks every type under (:func:`scaled`).
-SCALINGS = {
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "dynamic": {"rope_type": "dynamic", "factor": 4.0},
-    "yarn": {
-        "rope_type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": "max_position_embeddings",
-    },
-    "llama3": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": "max_position_embeddings",
-    },
-}
+@functools.cache
+def scalings() -> dict[str, dict]:
+    """The scaling variants ``posenc zoo --scaling`` checks every type under (:func:`scaled`): every frequency
+    method of the registry (:data:`posenc.extension.METHODS`) that transformers implements too, by its
+    rope_type, at factor 4; the trained length a method takes is each config's max_position_embeddings."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from ..extension import METHODS
+
+    return {
+        m.rope_type: m.scaling(4.0, "max_position_embeddings")
+        for m in METHODS.values()
+        if m.kind == "frequencies" and m.rope_type in ROPE_INIT_FUNCTIONS
+    }
 
 
 def sweep(model_types=None, progress=None, scaling: dict | None = None) -> list[ZooResult]:
@@ -522,9 +520,9 @@ def _command(args) -> int:
 
 
 def _scaling_command(chosen, quiet: bool, width: int) -> int:
-    """``posenc zoo --scaling``: every type under each of :data:`SCALINGS`; the counts, and each failure."""
+    """``posenc zoo --scaling``: every type under each of :func:`scalings`; the counts, and each failure."""
     failed = []
-    for name, scaling in SCALINGS.items():
+    for name, scaling in scalings().items():
         results = sweep(chosen, scaling=scaling)
         for r in results:
             if r.failed:

@@ -30,14 +30,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import posenc
+from posenc.extension import METHODS, extension_scaling
 from posenc.lab.encoding import Encoding
 from posenc.lab.errors import LabError
-from posenc.rope.frequencies import extension_scaling
 
 __all__ = ["EXTENSIONS", "ROPE_EXTENSIONS", "register_extension", "rescaled_rotary"]
 
-# RoPE's methods, by their short names (posenc.rope.frequencies.EXTENSION_METHODS)
-ROPE_EXTENSIONS: tuple[str, ...] = ("pi", "ntk", "dynamic", "yarn")
+# RoPE's methods that the laboratory evaluates, by their short names (posenc.extension.METHODS)
+ROPE_EXTENSIONS: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.lab)
 
 Extension = Callable[[Encoding, float, int], Encoding]
 EXTENSIONS: dict[str, Extension] = {}
@@ -78,9 +78,7 @@ def _rope_method(method: str) -> Extension:
         return replace(enc, rotary=rescaled_rotary(enc.rotary, scaling, train_len))
 
     extend.__name__ = extend.__qualname__ = f"rope_{method}"
-    extend.__doc__ = (
-        f"RoPE with the {method!r} frequencies (:func:`posenc.rope.frequencies.extension_scaling`)."
-    )
+    extend.__doc__ = f"RoPE with the {method!r} frequencies (:func:`posenc.extension.extension_scaling`)."
     return extend
 
 

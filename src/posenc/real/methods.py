@@ -11,16 +11,15 @@ parameters derived from N and the longest length (:func:`method_remap`).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping
 
 import torch
 
+from posenc.extension import METHODS, extension_scaling
 from posenc.hf import patch_model, rope_settings, text_config, unpatch_model
 from posenc.hf.layers import ADAPTERS
-from posenc.remap import STRING, DualChunk, Remap, ReRoPE, SelfExtend
+from posenc.remap import Remap
 from posenc.rope import RotaryEmbedding
-from posenc.rope.frequencies import extension_scaling
 
 __all__ = [
     "EXTEND_METHODS",
@@ -34,36 +33,13 @@ __all__ = [
     "trained_length",
 ]
 
-# name -> what it does, with its source; "none" is the model as its config describes it.
+# name -> what it does, with its source: "none" (the model as its config describes it) and every method of
+# the registry (posenc.extension.METHODS)
 EXTEND_METHODS: dict[str, str] = {
     "none": "the model as trained: its config's RoPE, no extension",
-    "pi": "position interpolation, each frequency divided by the factor (Chen et al. 2023, arXiv:2306.15595)",
-    "ntk": "static NTK-aware scaling, base times factor^(d/(d-2)) (bloc97 2023)",
-    "dynamic": "dynamic NTK, the NTK base recomputed from the sequence length past the trained length "
-    "(emozilla 2023)",
-    "yarn": "YaRN, interpolation ramped by frequency plus an attention temperature (Peng et al. 2023, "
-    "arXiv:2309.00071)",
-    "llama3": "Llama 3.1's scaling by wavelength band, low/high frequency factors 1 and 4 (Meta 2024, "
-    "arXiv:2407.21783)",
-    "selfextend": "SelfExtend, neighbour attention inside N/4 tokens and grouped positions beyond, the "
-    "smallest group that maps the longest length inside N (Jin et al. 2024, arXiv:2401.01325)",
-    "rerope": "ReRoPE, every distance past N/4 held at N/4 (Su 2023)",
-    "leaky-rerope": "leaky ReRoPE, distances past N/4 grow 1/k as fast, the smallest k that keeps the "
-    "longest length inside N (Su 2023)",
-    "string": "STRING, distances past 0.33 N shifted down to W = 128 (N/16 for N below 2048, so that W stays "
-    "below the shift), cos and sin times 0.1 ln 2 + 1, as its released code (An et al. 2024, "
-    "arXiv:2410.18745); made to use the trained length better, it cannot map more than N tokens inside N",
-    "dca": "Dual Chunk Attention, chunks of N - N/32 tokens (the proportions of Qwen2.5-1M's config), "
-    "positions as vLLM's (An et al. 2024, arXiv:2402.17463)",
+    **{name: m.summary for name, m in METHODS.items()},
 }
-REMAP_METHODS = ("selfextend", "rerope", "leaky-rerope", "string", "dca")
-# Frequency methods whose schedule at factor 1 is, by definition, the unscaled one: PI divides by 1, NTK
-# multiplies the base by 1, YaRN's ramp interpolates by 1 and its temperature 0.1 ln 1 + 1 is 1, Llama 3.1
-# divides its low band by 1 and blends 1 with 1. (Dynamic NTK at factor 1 still grows its base past N.)
-IDENTITY_AT_FACTOR_1 = ("pi", "ntk", "yarn", "llama3")
-# STRING's released setting: the shift at 0.33 N and a local window of 128 tokens for N >= 2048; below,
-# the window keeps that proportion, N / 16, so that it stays below the shift (equal, STRING is the identity).
-STRING_SHIFT, STRING_WINDOW, STRING_WINDOW_FROM = 0.33, 128, 2048
+REMAP_METHODS = tuple(name for name, m in METHODS.items() if m.kind == "remap")
 
 
 def _get(config, name: str):
@@ -132,7 +108,7 @@ def method_rotary(config, method: str, *, factor: float, train_len: int | None =
     with this transformers ``config``, extended by ``factor`` from ``train_len`` (default
     :func:`trained_length`). "none" and the training-free methods keep the config's own RoPE, its scaling
     included (a remap stacks on it); a frequency method replaces the config's scaling with its own, which at
-    factor 1 is no scaling for :data:`IDENTITY_AT_FACTOR_1`."""
+    factor 1 is no scaling for a method that is the identity there (``identity_at_one``)."""
     if method not in EXTEND_METHODS:
         raise ValueError(f"method must be one of {', '.join(EXTEND_METHODS)}; got {method!r}")
     settings = rope_settings(text_config(config))
@@ -140,7 +116,7 @@ def method_rotary(config, method: str, *, factor: float, train_len: int | None =
         train_len = trained_length(config) if train_len is None else train_len
         # A frequency method replaces the config's scaling; at a factor where its definition makes it the
         # identity it is the unscaled RoPE, built as such (so that its schedule is the plain one bit for bit)
-        identity = method in IDENTITY_AT_FACTOR_1 and factor == 1
+        identity = METHODS[method].identity_at_one and factor == 1
         settings["scaling"] = None if identity else extension_scaling(method, factor, train_len)
         settings["max_position_embeddings"] = train_len  # where dynamic NTK starts to scale
     return RotaryEmbedding(**settings)
@@ -152,35 +128,7 @@ def method_remap(method: str, *, train_len: int, longest: int) -> Remap | None:
     naming ``--train-len`` where the method would remap nothing (STRING below a few tokens)."""
     if method not in REMAP_METHODS:
         return None
-    window = max(1, train_len // 4)
-    if method == "rerope":
-        return ReRoPE(window)
-    if method == "selfextend":
-        # f(d) = d // g + W - W // g >= (d - W + 1) / g + W - 1, so no g below (d - W + 1) / (N - W) keeps
-        # d = longest - 1 inside N: start the search there, not at 1 (a few steps whatever the length)
-        far, room = longest - 1, max(1, train_len - window)
-        group = max(1, -(-(far - window + 1) // room) - 1)
-        while SelfExtend(group, window).distance(far) > train_len - 1 and group < longest:
-            group += 1
-        return SelfExtend(group, window)
-    if method == "leaky-rerope":
-        slope = (longest - 1 - window) / max(1, train_len - 1 - window)
-        return ReRoPE(window, leaky=max(1.01, math.ceil(slope * 100) / 100))
-    if method == "dca":
-        return DualChunk(train_len, train_len // 32)
-    shift = int(STRING_SHIFT * train_len)
-    local = STRING_WINDOW if train_len >= STRING_WINDOW_FROM else max(1, train_len // 16)
-    if local >= shift:
-        raise ValueError(
-            f"--methods string: at --train-len {train_len} STRING's shift ({shift}, 0.33 N) is not above its "
-            f"local window ({local}), so it would remap no distance; it needs a trained length of at least "
-            f"{_STRING_SHORTEST}"
-        )
-    return STRING(shift, local, attention_factor=0.1 * math.log(2) + 1)
-
-
-# the shortest trained length at which STRING's shift lies above its window (int(0.33 * 7) = 2 > 1)
-_STRING_SHORTEST = next(n for n in range(1, STRING_WINDOW_FROM) if int(STRING_SHIFT * n) > max(1, n // 16))
+    return METHODS[method].remap_for(train_len, longest)
 
 
 @contextlib.contextmanager

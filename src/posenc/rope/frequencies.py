@@ -50,8 +50,6 @@ __all__ = [
     "default_frequencies",
     "dynamic_ntk_frequencies",
     "dynamic_yarn_frequencies",
-    "EXTENSION_METHODS",
-    "extension_scaling",
     "linear_frequencies",
     "llama3_frequencies",
     "longrope_frequencies",
@@ -361,39 +359,6 @@ METHODS: dict[str, _Method] = {
 }
 """Registry: method name -> its function and the keys its dict takes (besides rope_type/type, rope_theta,
 partial_rotary_factor, which every method accepts)."""
-
-# Context extension at inference, by the short names the laboratory and ``posenc extend`` use: each is a
-# method of the registry with its published defaults (YaRN's beta_fast=32, beta_slow=1 come from its
-# function; Llama 3.1's low_freq_factor=1, high_freq_factor=4 from Meta's released configs).
-EXTENSION_METHODS: dict[str, str] = {
-    "pi": "linear",
-    "ntk": "ntk",
-    "dynamic": "dynamic",
-    "yarn": "yarn",
-    "llama3": "llama3",
-}
-
-
-def extension_scaling(method: str, factor: float, original_length: int) -> dict:
-    """The scaling dict that extends a RoPE model trained at ``original_length`` tokens by ``factor``.
-
-    ``method`` is a key of :data:`EXTENSION_METHODS`: "pi" (position interpolation), "ntk" (static
-    NTK-aware), "dynamic" (dynamic NTK; give the model's ``max_position_embeddings=original_length`` to the
-    :class:`~posenc.RotaryEmbedding` too: it scales past that), "yarn" or "llama3". Raises ValueError
-    naming the method, or (from :func:`resolve_schedule`) a bad factor or length, when the dict is used.
-    """
-    if method not in EXTENSION_METHODS:
-        raise ValueError(f"method must be one of {', '.join(map(repr, EXTENSION_METHODS))}; got {method!r}")
-    scaling = {"rope_type": EXTENSION_METHODS[method], "factor": factor}
-    if method == "yarn":
-        # YaRN picks which frequencies to interpolate by how many turns they make within the original context.
-        scaling["original_max_position_embeddings"] = original_length
-    elif method == "llama3":
-        scaling.update(
-            low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=original_length
-        )
-    return scaling
-
 
 _ALIASES = {"su": "longrope"}  # the name early Phi-3 configs used
 _COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor")
