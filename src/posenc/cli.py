@@ -70,15 +70,79 @@ def guarded(name: str, resume: str = "rerun the same command to continue"):
     return wrap
 
 
-def positive_int(text: str) -> int:
-    """An argparse ``type``: an integer >= 1, else a usage error saying what was given."""
+# The argparse ``type``s every command shares: each refuses what no command can use at parse time, so
+# argparse names the option (``argument --steps: ...``) and exits with status 2 before any work. Integers
+# stop at int64, what torch and numpy hold: a larger one would otherwise fail deep inside a tensor call.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _integer(text: str, low: int, high: int, allowed: str, span: str) -> int:
+    """``int(text)`` when it lies in [low, high]; else a usage error saying what is ``allowed`` and its
+    ``span``."""
     try:
         value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    except ValueError:  # not an integer, or more digits than Python converts
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r} (allowed: {span})")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer from 1 to 2**63 - 1, else a usage error saying what was given."""
+    return _integer(text, 1, INT64_MAX, "a positive integer", "1 to 2**63 - 1")
+
+
+def count(text: str) -> int:
+    """An argparse ``type``: an integer from 0 to 2**63 - 1 (a count where 0 means none)."""
+    return _integer(text, 0, INT64_MAX, "an integer >= 0", "0 to 2**63 - 1")
+
+
+def seed(text: str) -> int:
+    """An argparse ``type``: a generator's seed, any int64 (negative ones included)."""
+    return _integer(text, INT64_MIN, INT64_MAX, "an integer seed", "-2**63 to 2**63 - 1")
+
+
+# torch allocates per thread: a huge count runs out of memory in the OpenMP runtime (2^31 - 1 did); more
+# threads than cores is slow but legitimate, so the cap is far above any machine's cores
+MAX_THREADS = 1024
+
+
+def threads(text: str) -> int:
+    """An argparse ``type``: torch CPU threads, 1 to :data:`MAX_THREADS`."""
+    return _integer(text, 1, MAX_THREADS, "a number of threads", f"1 to {MAX_THREADS}")
+
+
+def _items(text: str, what: str) -> list[str]:
+    """The comma-separated items of ``text``, refused when there are none or one is given twice."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated {what}, got {text!r}")
+    twice = sorted({v for v in items if items.count(v) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(repr, twice))} given more than once in {text!r}; give each once"
+        )
+    return items
+
+
+def name_list(text: str) -> list[str]:
+    """An argparse ``type``: comma-separated names, at least one, each once."""
+    return _items(text, "names")
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse ``type``: comma-separated positive integers up to 2**63 - 1, at least one, each once."""
+    items = _items(text, "positive integers like 64,128,256")
+    try:
+        values = [_integer(v, 1, INT64_MAX, "", "") for v in items]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers, got {text!r} (allowed: comma-separated, each 1 to 2**63 - 1)"
+        ) from None
+    if len(set(values)) != len(values):  # "64,064" names one length twice
+        raise argparse.ArgumentTypeError(f"{text!r} gives a value more than once; give each once")
+    return values
 
 
 def check_output_dir(flag: str, path: str | os.PathLike) -> Path:

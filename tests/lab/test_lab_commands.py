@@ -3,6 +3,7 @@
 import argparse
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,8 +38,6 @@ from posenc.cli import main
         (["eval", "{tmp}/empty", "--cache-dir", "{tmp}/afile"], "--cache-dir '{tmp}/afile' is an"),
         (["eval", "{tmp}/empty", "--json", "{tmp}/empty"], "--json '{tmp}/empty' is a directory"),
         (["eval", "{tmp}/empty", "--json", "{tmp}/afile/r.json"], "--json: cannot create '{tmp}/afile'"),
-        # "," is an empty list, not "everything"
-        (["compare", "--out", "{tmp}/c", "--schemes", ",", "--preset", "tiny"], "schemes=[] is empty; give"),
         (["sample", "{tmp}/empty", "--temperature", "nan"], "temperature=nan must be a finite number >= 0"),
         (["sample", "{tmp}/empty", "--temperature", "inf"], "temperature=inf must be a finite number >= 0"),
         # a binary file is refused like a folder of binary files
@@ -79,10 +78,26 @@ from posenc.cli import main
             "passkey_fraction=0.5 needs train_len >= 35 (a passkey prompt and its answer in one training "
             "window); train_len is 16",
         ),
+        # recipes that would run nothing, or be silently ignored
         (
-            ["compare", "--out", "{tmp}/c", "--passkey-trials", "-2"],
-            "passkey_trials=-2 must be an integer >= 0",
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--recipes", "pi"],
+            "--recipes pi needs --extend-steps K > 0",
         ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-to", "4"],
+            "--extend-to 4 needs --extend-steps K > 0",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--schemes", "alibi"],
+            "recipes ['pi', 'yarn', 'abf', 'pose', 'none'] apply to none of schemes=['alibi']",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--recipes", "pi"]
+            + ["--schemes", "alibi,none"],
+            "recipes ['pi'] apply to none of schemes=['alibi', 'none']",
+        ),
+        (["eval", "{tmp}/afile"], "CKPT: no checkpoint at '{tmp}/afile'"),
+        (["eval", "{tmp}/empty", "--corpus", "{tmp}/nope"], "--corpus: corpus '{tmp}/nope' does not exist"),
     ],
 )
 def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
@@ -167,6 +182,55 @@ def test_cli_compare_seeds_must_be_a_positive_integer(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--seeds", "0"])
     assert "--seeds: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # "," is an empty list, not "everything"; a name twice would be two identical rows
+        (["compare", "--schemes", ","], "argument --schemes: expected one or more comma-separated names"),
+        (["compare", "--recipes", ",", "--extend-steps", "2"], "argument --recipes: expected one or more"),
+        (
+            ["compare", "--recipes", "pi,yarn,pi", "--extend-steps", "2"],
+            "--recipes: 'pi' given more than once",
+        ),
+        (["compare", "--schemes", "rope,alibi,rope"], "argument --schemes: 'rope' given more than once"),
+        (["compare", "--protocol", "past,past"], "argument --protocol: 'past' given more than once"),
+        (["compare", "--eval-mults", "1,2,2"], "argument --eval-mults: '2' given more than once"),
+        (["compare", "--eval-mults", "2,02"], "argument --eval-mults: '2,02' gives a value more than once"),
+        (["eval", "x", "--lens", ","], "argument --lens: expected one or more comma-separated positive"),
+        (["eval", "x", "--extensions", "pi,pi"], "argument --extensions: 'pi' given more than once"),
+        (["eval", "x", "--passkey-lens", "64,64"], "argument --passkey-lens: '64' given more than once"),
+        (
+            ["compare", "--passkey-trials", "-2"],
+            "argument --passkey-trials: expected an integer >= 0, got '-2'",
+        ),
+        (["compare", "--steps", str(2**63)], f"argument --steps: expected a positive integer, got '{2**63}'"),
+        (["compare", "--seed", str(2**63)], "argument --seed: expected an integer seed, got"),
+        (["train", "--encoding", "rope", "--out", "x", "--threads", str(10**6)], "argument --threads"),
+    ],
+)
+def test_cli_lists_and_integers_are_refused_when_parsed(argv, message, capsys):
+    """Refused by argparse, naming the option, before the handler runs: nothing is created or started."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_the_largest_seeds_reach_torch_intact():
+    """Any int64 seed, and the seeds a comparison derives from it, seed the training and the batch order:
+    torch reads a seed modulo 2**64, so the reduction keeps every seed it already took."""
+    from posenc.lab.data import batch_at
+
+    tokens = np.arange(1000, dtype=np.uint16)
+    for seed in (2**63 - 1, -(2**63), 2**63 + 5):  # the last: --seed 2**63 - 1 with --seeds 7
+        x, y = batch_at(tokens, 3, batch_size=2, seq_len=8, seed=seed)  # an OverflowError in torch before
+        assert x.shape == (2, 8) and torch.equal(x[:, 1:], y[:, :-1])
+    for seed in (-7, 0, 12345):  # the seeds torch took unreduced draw what they drew before
+        unreduced = torch.Generator().manual_seed((seed * 1_000_003 + 3) * 4099).get_state()
+        reduced = torch.Generator().manual_seed((seed * 1_000_003 + 3) * 4099 % 2**64).get_state()
+        assert torch.equal(unreduced, reduced)
 
 
 def test_cli_integer_flags_say_what_they_expect(capsys):

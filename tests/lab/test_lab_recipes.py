@@ -105,6 +105,13 @@ def test_recipes_are_checked_before_any_work():
         Settings(extend_steps=10, extend_to=1)
     with pytest.raises(LabError, match="rope_scaling set for encoding='alibi'"):
         GPTConfig(encoding="alibi", rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(LabError, match=r"names \['pi'\] more than once"):  # two identical rows
+        Settings(extend_steps=10, recipes=("pi", "yarn", "pi"))
+    with pytest.raises(LabError, match=r"recipes=\[\] is empty with extend_steps=10"):  # none would run
+        Settings(extend_steps=10, recipes=())
+    with pytest.raises(LabError, match=r"recipes \['pi'\] apply to none of schemes=\['alibi'\]"):
+        Settings(extend_steps=10, recipes=("pi",), schemes=("alibi",))
+    assert Settings(recipes=()).recipes == ()  # without extend_steps nothing runs, as asked
     s = Settings(extend_steps=10, schemes=("rope", "alibi"))
     assert s.recipes_for("rope") == list(RECIPES) and s.recipes_for("alibi") == []
     assert Settings().recipes_for("rope") == []  # no steps: no recipes

@@ -213,6 +213,41 @@ def test_plan_command_reads_a_file_and_the_local_cache(tmp_path, capsys, monkeyp
     assert "NoPE" in capsys.readouterr().out
 
 
+def test_plan_out_without_suffix_writes_and_prints_the_png_it_wrote(tmp_path, capsys, monkeypatch):
+    """matplotlib writes NAME.png for --out NAME: that is the path printed, and NAME is not created."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3))
+    args = parser().parse_args(["plot", "plan", "config.json", "--out", "layers"])
+    assert args.func(args) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "layers.png"
+    assert (tmp_path / "layers.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "layers").exists()
+
+
+def test_save_figure_returns_the_file_it_wrote(tmp_path):
+    from matplotlib.figure import Figure
+
+    from posenc.tools.plot import save_figure
+
+    written = save_figure(Figure(), tmp_path / "sheet")
+    assert written == tmp_path / "sheet.png" and written.read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sheet.png"]
+
+
+@pytest.mark.parametrize("kind", ["frequencies", "plan"])
+def test_an_image_format_matplotlib_cannot_write_is_refused_before_drawing(kind, tmp_path, capsys):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(GEMMA3))
+    what = [str(tmp_path / "config.json")] if kind == "plan" else []
+    args = parser().parse_args(["plot", kind, *what, "--out", str(tmp_path / "figure.v2")])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"posenc plot {kind}: error: --out ") and "cannot write '.v2' images" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+
+
 def test_plan_command_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     args = parser().parse_args(["plot", "plan", "org/not-here", "--out", str(tmp_path / "x.png")])

@@ -7,35 +7,17 @@ from __future__ import annotations
 
 import argparse
 
-from posenc.cli import HelpFormatter, positive_int
+from posenc.cli import HelpFormatter, count, int_list, name_list, positive_int, seed, threads
 from posenc.lab import defaults as D
 from posenc.lab.commands import cmd_compare, cmd_eval, cmd_sample, cmd_train
 from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 64,128,256, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _str_list(text: str) -> list[str]:
-    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", help="a text file or folder (default: this Python's standard library, *.py)")
     p.add_argument("--cache-dir", help="token cache directory (default: ~/.cache/posenc/tokens)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument(
-        "--threads", type=positive_int, help="torch CPU threads for this process (default: torch's)"
-    )
+    p.add_argument("--threads", type=threads, help="torch CPU threads for this process (default: torch's)")
 
 
 def _compile_arg(p: argparse.ArgumentParser) -> None:
@@ -109,7 +91,7 @@ def _add_eval(subparsers) -> None:
     _data_args(p)
     p.add_argument(
         "--lens",
-        type=_int_list,
+        type=int_list,
         help="evaluation lengths, e.g. 64,128,256 (default "
         f"{','.join(map(str, D.EVAL_COMMAND_MULTS))} x train length)",
     )
@@ -118,7 +100,7 @@ def _add_eval(subparsers) -> None:
     )
     p.add_argument(
         "--extensions",
-        type=_str_list,
+        type=name_list,
         help="eval-time extensions, those that apply to the model's scheme are run (default: all of "
         "pi,ntk,dynamic,yarn for rope, bca for xpos, temp for none)",
     )
@@ -131,11 +113,11 @@ def _add_eval(subparsers) -> None:
     )
     p.add_argument(
         "--probe-windows",
-        type=int,
+        type=count,
         default=D.PROBE_WINDOWS,
         help="windows per length of the far-context-gain and copy probes; 0 skips them",
     )
-    p.add_argument("--seed", type=int, default=D.SEED, help="the passkey keys and depths")
+    p.add_argument("--seed", type=seed, default=D.SEED, help="the passkey keys and depths")
     p.add_argument("--json", help="also write the report as JSON here")
     p.set_defaults(func=cmd_eval)
 
@@ -151,9 +133,9 @@ def _add_sample(subparsers) -> None:
     p.add_argument(
         "--top-k", type=positive_int, default=None, help="sample among the k likeliest (default: all)"
     )
-    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed")
+    p.add_argument("--seed", type=seed, default=0, help="the sampling generator's seed")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=threads, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=cmd_sample)
 
 
@@ -183,16 +165,16 @@ def _add_compare(subparsers) -> None:
     p.add_argument("--train-len", type=positive_int, help="training length (default: the preset's)")
     p.add_argument(
         "--eval-mults",
-        type=_int_list,
+        type=int_list,
         help="evaluation lengths as multiples of the training length (default: the preset's)",
     )
     p.add_argument(
         "--schemes",
-        type=_str_list,
+        type=name_list,
         help="comma-separated encodings to compare (default: the classic none,sinusoidal,learned,rope,alibi; "
         "'all': every built-in, also t5,kerple,sandwich,fire; your own as package.module:function)",
     )
-    p.add_argument("--seed", type=int, help="initialisation and batch order (default: the preset's, 0)")
+    p.add_argument("--seed", type=seed, help="initialisation and batch order (default: the preset's, 0)")
     p.add_argument(
         "--seeds",
         type=positive_int,
@@ -215,14 +197,14 @@ def _optim_args(p: argparse.ArgumentParser) -> None:
         "--batch-size", type=positive_int, default=D.BATCH_SIZE, help="global batch, split across DDP ranks"
     )
     p.add_argument("--lr", type=float, default=D.LR, help="peak learning rate (AdamW)")
-    p.add_argument("--warmup", type=int, default=D.WARMUP, help="linear warmup steps, then cosine decay")
+    p.add_argument("--warmup", type=count, default=D.WARMUP, help="linear warmup steps, then cosine decay")
     p.add_argument(
         "--weight-decay", type=float, default=D.WEIGHT_DECAY, help="AdamW weight decay on matrices"
     )
     p.add_argument(
         "--grad-clip", type=float, default=D.GRAD_CLIP, help="clip the gradient norm to this; 0 turns it off"
     )
-    p.add_argument("--seed", type=int, default=D.SEED, help="initialisation and batch order")
+    p.add_argument("--seed", type=seed, default=D.SEED, help="initialisation and batch order")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -237,7 +219,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _passkey_args(p: argparse.ArgumentParser) -> None:
     """Passkey retrieval of ``posenc eval``: lengths, prompts per length, the key, the prompt, the filler."""
-    p.add_argument("--passkey-lens", type=_int_list, help="passkey retrieval at these lengths, e.g. 128,256")
+    p.add_argument("--passkey-lens", type=int_list, help="passkey retrieval at these lengths, e.g. 128,256")
     p.add_argument(
         "--passkey-trials",
         type=positive_int,
@@ -266,7 +248,7 @@ def _compare_measure_args(p: argparse.ArgumentParser) -> None:
     """What a comparison reports, and the training mix that makes its probes mean something."""
     p.add_argument(
         "--protocol",
-        type=_str_list,
+        type=name_list,
         help="evaluation protocols to report, comma-separated: windows (non-overlapping windows), sliding "
         "(stride = train length, last tokens scored), past (positions past the train length) "
         "(default: all three)",
@@ -284,7 +266,7 @@ def _compare_measure_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--passkey-trials",
-        type=int,
+        type=count,
         help=f"passkey prompts per length and model (a {D.PASSKEY_DIGITS}-digit key in corpus text); 0 skips "
         f"passkey (default: {D.PASSKEY_TRIALS})",
     )
@@ -294,7 +276,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     """Extension by training: each recipe continues the trained RoPE models (posenc.lab.recipes)."""
     p.add_argument(
         "--extend-steps",
-        type=int,
+        type=count,
         help="continue each RoPE model this many steps with each of --recipes, every recipe with the same "
         "tokens per step (default: 0, no recipes)",
     )
@@ -305,7 +287,7 @@ def _recipe_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--recipes",
-        type=_str_list,
+        type=name_list,
         help="comma-separated: pi, yarn, abf (fine-tuned at the target length), pose (at the training "
         "length, positions skipping over the target), none (the control) (default: all)",
     )

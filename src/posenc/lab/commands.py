@@ -16,13 +16,31 @@ from posenc.lab import defaults as D
 
 
 def _check_paths(args, out_dir: str | None = None) -> None:
-    """Refuse output and cache paths that cannot be written, before any work starts."""
+    """Refuse output and cache paths that cannot be written, and a corpus that cannot be read, before any
+    work starts."""
     from posenc.cli import check_output_dir
+    from posenc.lab.data import check_corpus_path
 
     if out_dir is not None:
         check_output_dir("--out", out_dir)
     if getattr(args, "cache_dir", None) is not None:
         check_output_dir("--cache-dir", args.cache_dir)
+    if getattr(args, "corpus", None) is not None:
+        try:
+            check_corpus_path(args.corpus)
+        except ValueError as e:
+            raise type(e)(f"--corpus: {e}") from None
+
+
+def _load_checkpoint(args):
+    """``(model, state)`` of the positional ``ckpt``; a bad one is refused naming the argument."""
+    from posenc.lab.checkpoint import load_model
+    from posenc.lab.errors import CheckpointError
+
+    try:
+        return load_model(args.ckpt, args.device)
+    except (ValueError, OSError) as e:  # missing, not a run, unreadable, or a config that does not build
+        raise CheckpointError(f"CKPT: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -95,7 +113,6 @@ def cmd_train(args) -> int:
 @guarded("eval")
 def cmd_eval(args) -> int:
     from posenc.cli import check_output_file
-    from posenc.lab.checkpoint import load_model
     from posenc.lab.checks import check_choices, check_int
     from posenc.lab.data import load_corpus
     from posenc.lab.evaluate import EXTENSIONS, evaluate
@@ -108,7 +125,7 @@ def cmd_eval(args) -> int:
     check_int("probe_windows", args.probe_windows, minimum=0)
     if args.passkey_lens:
         check_passkey_lengths(args.passkey_lens, args.passkey_digits, args.passkey_style)
-    model, state = load_model(args.ckpt, args.device)
+    model, state = _load_checkpoint(args)
     train_len = model.cfg.max_len
     lens = args.lens or [train_len * m for m in D.EVAL_COMMAND_MULTS]
     exts = tuple(args.extensions) if args.extensions is not None else tuple(EXTENSIONS)
@@ -188,12 +205,12 @@ def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
 def cmd_sample(args) -> int:
     import torch
 
-    from posenc.lab.checkpoint import load_model
     from posenc.lab.checks import check_number
     from posenc.lab.tokenizer import decode, encode
 
     check_number("temperature", args.temperature, low=0, finite=True, why="0 means greedy")
-    model, _ = load_model(args.ckpt, args.device)
+    _check_paths(args)
+    model, _ = _load_checkpoint(args)
     prompt = encode(args.prompt)
     if not prompt:
         prompt = [0]  # the file separator: "start of a file"
@@ -216,8 +233,16 @@ def cmd_sample(args) -> int:
 def cmd_compare(args) -> int:
     from posenc.lab.compare import run_compare
     from posenc.lab.config import settings_for
+    from posenc.lab.errors import LabError
 
     _check_paths(args, args.out)
+    for flag, value in (("--recipes", args.recipes), ("--extend-to", args.extend_to)):
+        if value is not None and not args.extend_steps:  # else ignored: say so rather than run nothing
+            given = ",".join(value) if isinstance(value, list) else value
+            raise LabError(
+                f"{flag} {given} needs --extend-steps K > 0 (the steps each recipe continues a RoPE model); "
+                f"without it no recipe runs"
+            )
     settings = settings_for(
         args.preset,
         steps=args.steps,

@@ -172,8 +172,25 @@ class Settings:
                 f"got {self.train_len}; use a longer --train-len or leave 'none' out of --schemes"
             )
         check_recipes(self.recipes, self.extend_to, self.extend_steps, self.batch_size)
+        if self.extend_steps:
+            self._check_recipes_apply()
         for scheme in self.schemes:  # every scheme builds, before any trains
             build(self.model_config(scheme))
+
+    def _check_recipes_apply(self) -> None:
+        """With extend_steps, each recipe must run on some scheme: else it would be silently skipped."""
+        if not self.recipes:
+            raise LabError(
+                f"recipes=[] is empty with extend_steps={self.extend_steps}; give one or more of: "
+                f"{', '.join(RECIPES)} (or extend_steps=0 for none)"
+            )
+        idle = [r for r in self.recipes if not any(r in lookup(s).recipes for s in self.schemes)]
+        if idle:
+            hosts = [n for n, scheme in ENCODINGS.items() if scheme.recipes]
+            raise LabError(
+                f"recipes {idle} apply to none of schemes={list(self.schemes)}: a recipe continues the model "
+                f"of a scheme it applies to ({', '.join(hosts)}); add one to the schemes or leave it out"
+            )
 
     @property
     def eval_lens(self) -> list[int]:

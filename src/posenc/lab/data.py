@@ -166,6 +166,30 @@ def _cached_tokens(
     return np.load(train_path, mmap_mode="r"), np.load(val_path, mmap_mode="r")
 
 
+def check_corpus_path(path: str | os.PathLike) -> Path:
+    """``path`` when it is a readable text file or a readable folder (what :func:`load_corpus` reads);
+    else a :class:`CorpusError` naming the corpus. Cheap: the commands call it before any work."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise CorpusError(f"corpus {str(root)!r} does not exist; give a text file or a folder of text files")
+    if not root.is_file() and not root.is_dir():
+        raise CorpusError(
+            f"corpus {str(root)!r} is neither a file nor a folder; give a text file or a folder"
+        )
+    if not os.access(root, os.R_OK | (os.X_OK if root.is_dir() else 0)):
+        raise CorpusError(f"corpus {str(root)!r} is not readable")
+    try:
+        binary = root.is_file() and _looks_binary(root)  # the rule list_files applies to a folder's files
+    except OSError as e:
+        raise CorpusError(f"corpus {str(root)!r} cannot be read: {e.strerror or e}") from None
+    if binary:
+        raise CorpusError(
+            f"corpus {str(root)!r} is a binary file (a NUL byte in its first 8 KiB); give a text file or "
+            f"a folder of text files"
+        )
+    return root
+
+
 def load_corpus(
     path: str | os.PathLike | None = None,
     *,
@@ -192,14 +216,7 @@ def load_corpus(
     if path is None:
         root, pattern = default_corpus(), pattern or "*.py"
     else:
-        root = Path(path).expanduser()
-    if not root.exists():
-        raise CorpusError(f"corpus {str(root)!r} does not exist; give a text file or a folder of text files")
-    if root.is_file() and _looks_binary(root):  # the rule list_files applies to a folder's files
-        raise CorpusError(
-            f"corpus {str(root)!r} is a binary file (a NUL byte in its first 8 KiB); give a text file or "
-            f"a folder of text files"
-        )
+        root = check_corpus_path(path)
     files = [root] if root.is_file() else list_files(root, pattern)
     if not files:
         what = f"files matching {pattern!r}" if pattern else "text files"
@@ -247,7 +264,8 @@ def batch_at(
             f"seq_len={seq_len} needs more than {seq_len + 1} tokens; the split has {len(tokens)}"
         )
     # The factor 4099 once left room for a rank term; it stays so that every run's batches stay the same.
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099)
+    # torch reads a seed modulo 2**64 (a negative one too): reduced first, any int64 seed and step fit
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + step) * 4099 % 2**64)
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))

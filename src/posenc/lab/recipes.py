@@ -18,7 +18,7 @@ tokens whatever the recipe (compute-matched; attention's share grows with T, a f
 - ``none``: the control: K more steps at L, nothing changed.
 
 This module imports nothing of the laboratory but its checks and errors; the schedules are the eval-time
-extensions' (:func:`posenc.rope.frequencies.extension_scaling`).
+extensions' (:func:`posenc.extension.extension_scaling`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from posenc.extension import extension_scaling
 from posenc.lab.checks import check_choices, check_int
 from posenc.lab.errors import LabError
-from posenc.rope.frequencies import extension_scaling
 
 __all__ = ["RECIPES", "Recipe", "check_recipes", "continued", "pose_positions"]
 
@@ -40,7 +40,7 @@ class Recipe:
 
     name: what ``--recipes`` calls it; the row is ``<scheme>~<name>``.
     method: the RoPE schedule it trains with, a short name of
-        :func:`posenc.rope.frequencies.extension_scaling` ("pi", "yarn", "ntk"), or None (unchanged).
+        :func:`posenc.extension.extension_scaling` ("pi", "yarn", "ntk"), or None (unchanged).
     at_target: it trains on windows of the target length (else of the training length).
     pose: its windows' position ids skip so that they cover the target length (PoSE).
     meaning: one line for the report.
@@ -80,10 +80,13 @@ RECIPES: dict[str, Recipe] = {
 
 
 def check_recipes(recipes, factor: int, steps: int, batch_size: int) -> tuple[str, ...]:
-    """The recipes of a comparison, checked whether or not any runs: known names, steps >= 0 (0: none run),
-    an integer factor >= 2; when they run, the factor must divide the batch (the sequences per step at the
-    target length)."""
+    """The recipes of a comparison, checked whether or not any runs: known names, each once, steps >= 0
+    (0: none run), an integer factor >= 2; when they run, the factor must divide the batch (the sequences
+    per step at the target length)."""
     recipes = check_choices("recipes", recipes, RECIPES, empty_ok=True)
+    twice = sorted({r for r in recipes if recipes.count(r) > 1})
+    if twice:  # each would train and report the same model twice
+        raise LabError(f"recipes={list(recipes)!r} names {twice} more than once; give each recipe once")
     check_int("extend_steps", steps, minimum=0)
     check_int("extend_to", factor, minimum=2)
     if steps and recipes and batch_size % factor:

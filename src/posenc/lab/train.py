@@ -176,7 +176,7 @@ class _Run:
         self.backend = backend
         self.seq = train_cfg.seq_len or model_cfg.max_len
         self.state = run_state(model_cfg, train_cfg, corpus.path)
-        torch.manual_seed(train_cfg.seed)
+        torch.manual_seed(train_cfg.seed % 2**64)  # what torch reads of it; --seed + i may pass int64
         self.model = GPT(model_cfg).to(dev)
         self.optimizer = make_optimizer(self.model, train_cfg)
         # What the steps call: the model, wrapped in DDP and/or compiled by loop(). Checkpoints and the

@@ -2,46 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from posenc import cli
 from posenc.cli import guarded
 
 __all__ = ["add_commands"]
-
-_INT64 = (-(2**63), 2**63 - 1)  # what torch and numpy hold: a count, length or seed past it is refused
-
-
-def _integer(minimum: int = _INT64[0], maximum: int = _INT64[1], what: str = "int64"):
-    """An argparse ``type``: an integer from ``minimum`` to ``maximum`` (default 2^63 - 1); argparse names
-    the flag."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer from {minimum} to {maximum} ({what}), got {text!r}"
-            )
-        return value
-
-    return parse
-
-
-def _list(kind):
-    def parse(text: str):
-        try:
-            values = [kind(v) for v in text.split(",") if v.strip()]
-        except (ValueError, argparse.ArgumentTypeError) as e:
-            why = f": {e}" if isinstance(e, argparse.ArgumentTypeError) else ""
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list{why}, got {text!r}") from None
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
-        return values
-
-    return parse
 
 
 @guarded("extend")
@@ -109,21 +75,21 @@ def add_commands(subparsers) -> None:
     )
     p.add_argument(
         "--methods",
-        type=_list(str),
+        type=cli.name_list,
         default=",".join(EXTEND_METHODS),
         help="comma-separated methods to compare",
     )
     p.add_argument(
         "--lengths",
-        type=_list(_integer(minimum=1)),
+        type=cli.int_list,
         help="window lengths in tokens, comma-separated (default: the trained length and 2x; cuda: 4x too)",
     )
     p.add_argument(
-        "--windows", type=_integer(minimum=1), default=4, help="windows per length (text from --corpus)"
+        "--windows", type=cli.positive_int, default=4, help="windows per length (text from --corpus)"
     )
     p.add_argument(
         "--passkey-trials",
-        type=_integer(minimum=0),
+        type=cli.count,
         default=8,
         help="passkey prompts per length; 0 skips passkey retrieval",
     )
@@ -136,7 +102,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     _length_args(p)
-    p.add_argument("--seed", type=_integer(), default=0, help="the passkey keys")
+    p.add_argument("--seed", type=cli.seed, default=0, help="the passkey keys")
     p.add_argument(
         "--no-chat-template",
         action="store_true",
@@ -145,8 +111,7 @@ def add_commands(subparsers) -> None:
     p.add_argument(
         "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
     )
-    threads = _integer(minimum=1, maximum=2**31 - 1, what="torch takes an int32")
-    p.add_argument("--threads", type=threads, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=cli.threads, help="torch CPU threads (default: torch's)")
     p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_extend)
@@ -156,7 +121,7 @@ def _length_args(p) -> None:
     """The trained length, the factor, and which tokens are scored."""
     p.add_argument(
         "--train-len",
-        type=_integer(minimum=1),
+        type=cli.positive_int,
         help="the trained length the factor is counted from (default: the config's "
         "original_max_position_embeddings, else max_position_embeddings)",
     )
@@ -165,11 +130,11 @@ def _length_args(p) -> None:
     )
     p.add_argument(
         "--score-tokens",
-        type=_integer(minimum=1),
+        type=cli.positive_int,
         help="final tokens of each window that every length scores (default: min(1024, shortest length / 8))",
     )
     p.add_argument(
         "--short-tokens",
-        type=_integer(minimum=1),
+        type=cli.positive_int,
         help="first tokens of the windows at the trained length scored as a short prompt (default: 1024)",
     )

@@ -15,7 +15,8 @@ import argparse
 import json
 import os
 import platform
-import sys
+
+from posenc.cli import guarded
 
 
 def _machine(device) -> dict:
@@ -45,24 +46,18 @@ def _summary(machine: dict) -> str:
     )
 
 
+@guarded("bench")
 def run_bench(args: argparse.Namespace) -> int:
     """Run the parts ``--only`` selects on ``--device``, print their tables, write ``--out``."""
     import torch
 
     from posenc.cli import check_output_file
 
-    if args.out:
-        try:  # before the benchmarks, which take minutes
-            check_output_file("--out", args.out)
-        except ValueError as err:
-            print(f"posenc bench: error: {err}", file=sys.stderr)
-            return 2
+    if args.out:  # before the benchmarks, which take minutes
+        check_output_file("--out", args.out)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print(
-            "posenc bench: error: --device cuda: no CUDA device is available on this machine", file=sys.stderr
-        )
-        return 2
+        raise ValueError("--device cuda: no CUDA device is available on this machine")
     from .benchmarks import attention, biases, crossover, peers, presets, remaps, rope, serving, targets
 
     preset = presets.preset(device, args.quick)

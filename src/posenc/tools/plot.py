@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,13 +28,16 @@ import numpy as np
 import torch
 
 import posenc
+from posenc.cli import guarded
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
     "add_commands",
+    "check_image_path",
     "frequency_figure",
+    "image_path",
     "load_config",
     "plan_figure",
     "plan_summary",
@@ -46,9 +48,9 @@ __all__ = [
 
 
 def _scalings(factor: float, original_length: int) -> dict[str, dict]:
-    """Each method's Hugging Face scaling dict (:func:`posenc.rope.frequencies.extension_scaling`, with its
+    """Each method's Hugging Face scaling dict (:func:`posenc.extension.extension_scaling`, with its
     published defaults), by the name the figure gives it."""
-    from posenc.rope.frequencies import extension_scaling
+    from posenc.extension import extension_scaling
 
     names = {"pi": f"PI (linear) x{factor:g}", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "Llama 3.1"}
     return {
@@ -102,9 +104,37 @@ def frequency_figure(
     return fig
 
 
-def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix), creating its folder; returns the path."""
+def image_path(path: str | Path) -> Path:
+    """The file a figure saved at ``path`` lands in: matplotlib appends ``.png`` to a name without a suffix
+    (``plan`` is written as ``plan.png``), so that is the name reported; an existing folder is kept as
+    given, for :func:`check_image_path` to refuse."""
     path = Path(path)
+    return path if path.suffix or path.is_dir() else path.with_name(path.name + ".png")
+
+
+def check_image_path(flag: str, path: str | Path) -> Path:
+    """:func:`image_path` of ``path`` when a figure can be written there in a format matplotlib knows (from
+    the suffix); else a ValueError naming ``flag``. Checked before any work; needs matplotlib."""
+    from posenc.cli import check_matplotlib, check_output_file
+
+    out = image_path(path)
+    check_output_file(flag, out)
+    check_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise ValueError(
+            f"{flag} {str(path)!r}: matplotlib cannot write {out.suffix!r} images; give a name ending in one "
+            f"of {', '.join('.' + f for f in sorted(formats))} (a name without a suffix gets .png)"
+        )
+    return out
+
+
+def save_figure(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` to ``path`` (format from the suffix, ``.png`` appended to a name without one),
+    creating its folder; returns the path of the file written."""
+    path = image_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
@@ -121,27 +151,18 @@ def plot_frequencies(
     return save_figure(frequency_figure(head_dim, base, factor, original_length), out)
 
 
+@guarded("plot frequencies")
 def _frequencies_command(args: argparse.Namespace) -> int:
-    from posenc.cli import check_matplotlib, check_output_file
-
-    out = Path(args.out)
-    if not out.suffix and not out.is_dir():  # matplotlib writes NAME.png then: name that file
-        out = out.with_name(out.name + ".png")
-    try:
-        if not (math.isfinite(args.factor) and args.factor >= 1):
-            raise ValueError(f"--factor must be a finite number >= 1, got {args.factor!r}")
-        if not args.base > 1:  # also NaN
-            raise ValueError(
-                f"--base {args.base!r} must be > 1: the frequencies base^(-2k/d) must fall from pair to "
-                f"pair (YaRN's and Llama 3.1's ramps divide by log(base))"
-            )
-        check_output_file("--out", out)
-        check_matplotlib()
-        path = plot_frequencies(out, args.head_dim, args.base, args.factor, args.original_length)
-    except ValueError as err:
-        print(f"posenc plot frequencies: error: {err}", file=sys.stderr)
-        return 2
-    print(path)
+    if not (math.isfinite(args.factor) and args.factor >= 1):
+        raise ValueError(f"--factor must be a finite number >= 1, got {args.factor!r}")
+    if not args.base > 1:  # also NaN
+        raise ValueError(
+            f"--base {args.base!r} must be > 1: the frequencies base^(-2k/d) must fall from pair to "
+            f"pair (YaRN's and Llama 3.1's ramps divide by log(base))"
+        )
+    wavelengths(args.head_dim, args.base, args.factor, args.original_length)  # refuses an odd head_dim
+    out = check_image_path("--out", args.out)
+    print(plot_frequencies(out, args.head_dim, args.base, args.factor, args.original_length))
     return 0
 
 
@@ -151,9 +172,19 @@ def load_config(spec: str) -> dict:
     import json
     import os
 
-    path = Path(spec)
+    path = Path(spec).expanduser()
     if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"folder {spec!r} holds no config.json")
         path = path / "config.json"
+    elif not path.exists() and (  # a path, not a model id ("org/name")
+        path.is_absolute()
+        or spec.startswith((".", "~"))
+        or path.suffix
+        or path.parent.is_dir()
+        and path.parent != Path(".")
+    ):
+        raise ValueError(f"{spec!r} does not exist; give a config.json file or a model id")
     if not path.is_file():
         try:
             from huggingface_hub import try_to_load_from_cache
@@ -167,9 +198,16 @@ def load_config(spec: str) -> dict:
             )
         path = Path(cached)
     try:
-        return json.loads(path.read_text())
+        raw = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"config {str(path)!r} cannot be read: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"config {str(path)!r} is not text: {err}") from err
     except json.JSONDecodeError as err:
         raise ValueError(f"config {str(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"config {str(path)!r} holds a JSON {type(raw).__name__}, not a config object")
+    return raw
 
 
 def _layer_types(plan) -> dict[str, list[int]]:
@@ -242,21 +280,22 @@ def plan_figure(plan, title: str = "", context: int | None = None) -> Figure:
     return fig
 
 
+@guarded("plot plan")
 def _plan_command(args: argparse.Namespace) -> int:
     from posenc.hf import position_plan, text_config
 
+    out = check_image_path("--out", args.out)
     try:
         raw = load_config(args.config)
         plan = position_plan(raw)
         text = text_config(raw)
-        title = f"{args.config} ({text.get('model_type', '?')}, {len(plan)} layers)"
-        fig = plan_figure(plan, title, text.get("max_position_embeddings"))
-    except ValueError as err:
-        print(f"posenc plot plan: error: {err}", file=sys.stderr)
-        return 2
+    except ValueError as err:  # the positional argument named, as argparse names an option
+        raise ValueError(f"CONFIG: {err}") from None
+    title = f"{args.config} ({text.get('model_type', '?')}, {len(plan)} layers)"
+    fig = plan_figure(plan, title, text.get("max_position_embeddings"))
     for line in plan_summary(plan):
         print(line)
-    print(save_figure(fig, args.out))
+    print(save_figure(fig, out))
     return 0
 
 
@@ -273,7 +312,7 @@ def add_commands(subparsers) -> None:
         description=__doc__.split("\n\n")[1],
     )
     freq.add_argument("--factor", type=float, default=8.0, help="context extension factor (default 8)")
-    freq.add_argument("--head-dim", type=int, default=128, help="head dimension (default 128)")
+    freq.add_argument("--head-dim", type=positive_int, default=128, help="head dimension (default 128)")
     freq.add_argument("--base", type=float, default=10000.0, help="RoPE base, rope_theta (default 10000)")
     freq.add_argument(
         "--original-length",

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ import numpy as np
 import torch
 
 from posenc import ALiBi, RotaryEmbedding, SinusoidalEncoding
+from posenc.cli import guarded
 
 from .claims import SECTIONS, Claim
 from .plot import save_figure
@@ -79,17 +79,15 @@ def tour_figure() -> Figure:
     return fig
 
 
+@guarded("tour")
 def run(args: argparse.Namespace) -> int:
     """Print every claim (and write the figure sheet with --out); exit code 1 when one fails."""
-    if args.out:
-        from posenc.cli import check_matplotlib, check_output_dir
+    if args.out:  # before the claims, so a bad --out does not cost their run first
+        from posenc.cli import check_matplotlib, check_output_dir, check_output_file
 
-        try:  # before the claims, so a bad --out does not cost their run first
-            check_output_dir("--out", args.out)
-            check_matplotlib("--out (the figure sheet tour.png)")
-        except ValueError as err:
-            print(f"posenc tour: error: {err}", file=sys.stderr)
-            return 2
+        check_output_dir("--out", args.out)
+        check_output_file("--out", Path(args.out) / "tour.png")  # DIR/tour.png must not be a folder
+        check_matplotlib("--out (the figure sheet tour.png)")
     start = time.perf_counter()
     claims = run_claims()
     print("posenc tour: the papers' claims about each encoding, checked in numbers")
