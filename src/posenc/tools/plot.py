@@ -48,14 +48,20 @@ __all__ = [
 
 
 def _scalings(factor: float, original_length: int) -> dict[str, dict]:
-    """Each method's Hugging Face scaling dict (:func:`posenc.extension.extension_scaling`, with its
-    published defaults), by the name the figure gives it."""
-    from posenc.extension import extension_scaling
+    """The Hugging Face scaling dict of every frequency method of the registry whose schedule does not
+    depend on the sequence length (:data:`posenc.extension.METHODS`, with their published defaults), by the
+    title the figure gives it (PI's with the factor)."""
+    from posenc.extension import METHODS
 
-    names = {"pi": f"PI (linear) x{factor:g}", "ntk": "NTK-aware", "yarn": "YaRN", "llama3": "Llama 3.1"}
+    static = [m for m in METHODS.values() if m.kind == "frequencies" and not m.length_dependent]
     return {
         "default RoPE": {"rope_type": "default"},
-        **{label: extension_scaling(m, factor, original_length) for m, label in names.items()},
+        **{
+            f"{m.title} x{factor:g}" if m.rope_type == "linear" else m.title: m.scaling(
+                factor, original_length
+            )
+            for m in static
+        },
     }
 
 
