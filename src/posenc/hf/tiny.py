@@ -40,6 +40,7 @@ _SIZES = dict(
     vocab_size_per_layer_input=512,  # Gemma 4's per-layer embeddings
     hidden_size_per_layer_input=16,
     index_n_heads=2,  # DeepSeek-V3.2's sparse-attention indexer
+    index_num_heads=2,  # Kolibri's, at most the attention heads kept
     ffn_hidden_size=512,
     expert_ffn_hidden_size=64,
     ffn_dim=512,
