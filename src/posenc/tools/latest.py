@@ -47,12 +47,13 @@ def _canonical(name: str) -> str:
 def freeze() -> dict[str, str]:
     """Every distribution installed in this environment but posenc itself and the installers (as ``pip
     freeze`` lists them), by canonical name, with any local version label (torch's ``+cpu``) dropped so
-    that the pin stays portable across indexes."""
+    that the pin stays portable across indexes. Where a name is found twice (a vendored copy that a tool
+    put on ``sys.path``), the first on the path: the one ``import`` loads."""
     found = {}
     for dist in metadata.distributions():
         name = _canonical(dist.metadata["Name"] or "")
         if name and name not in _NOT_PINNED:
-            found[name] = dist.version.split("+", 1)[0]
+            found.setdefault(name, dist.version.split("+", 1)[0])
     return found
 
 
