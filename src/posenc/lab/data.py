@@ -166,26 +166,25 @@ def _cached_tokens(
     return np.load(train_path, mmap_mode="r"), np.load(val_path, mmap_mode="r")
 
 
-def check_corpus_path(path: str | os.PathLike) -> Path:
+def check_corpus_path(path: str | os.PathLike, name: str = "corpus") -> Path:
     """``path`` when it is a readable text file or a readable folder (what :func:`load_corpus` reads);
-    else a :class:`CorpusError` naming the corpus. Cheap: the commands call it before any work."""
-    root = Path(path).expanduser()
+    else a :class:`CorpusError` naming it as ``name`` (a command's flag). Cheap: the commands call it
+    before any work."""
+    root, said = Path(path).expanduser(), f"{name} {str(Path(path).expanduser())!r}"
     if not root.exists():
-        raise CorpusError(f"corpus {str(root)!r} does not exist; give a text file or a folder of text files")
+        raise CorpusError(f"{said} does not exist; give a text file or a folder of text files")
     if not root.is_file() and not root.is_dir():
-        raise CorpusError(
-            f"corpus {str(root)!r} is neither a file nor a folder; give a text file or a folder"
-        )
+        raise CorpusError(f"{said} is neither a file nor a folder; give a text file or a folder")
     if not os.access(root, os.R_OK | (os.X_OK if root.is_dir() else 0)):
-        raise CorpusError(f"corpus {str(root)!r} is not readable")
+        raise CorpusError(f"{said} is not readable (permission denied)")
     try:
         binary = root.is_file() and _looks_binary(root)  # the rule list_files applies to a folder's files
     except OSError as e:
-        raise CorpusError(f"corpus {str(root)!r} cannot be read: {e.strerror or e}") from None
+        raise CorpusError(f"{said} cannot be read: {e.strerror or e}") from None
     if binary:
         raise CorpusError(
-            f"corpus {str(root)!r} is a binary file (a NUL byte in its first 8 KiB); give a text file or "
-            f"a folder of text files"
+            f"{said} is a binary file (a NUL byte in its first 8 KiB); give a text file or a folder of "
+            "text files"
         )
     return root
 

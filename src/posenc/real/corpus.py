@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.lab.data import default_corpus, list_files
+from posenc.lab.data import check_corpus_path, default_corpus, list_files
 
 __all__ = [
     "Document",
@@ -55,21 +55,10 @@ def check_corpus(corpus: str | os.PathLike | None) -> tuple[Path, list[Path]]:
     """The root and the text files of ``corpus`` (see :func:`load_documents`); a ValueError naming
     ``--corpus`` and the path, before any tokenizing, when it does not exist, cannot be read, is a binary
     file, or is a folder without text files."""
-    root = Path(corpus).expanduser() if corpus is not None else default_corpus()
-    if not root.exists():
-        raise ValueError(f"--corpus {str(root)!r} does not exist; give a text file or a folder of text files")
-    if not root.is_file() and not root.is_dir():
-        raise ValueError(
-            f"--corpus {str(root)!r} is neither a file nor a folder; give a text file or a folder"
-        )
-    if not os.access(root, os.R_OK | (os.X_OK if root.is_dir() else 0)):
-        raise ValueError(f"--corpus {str(root)!r} is not readable (permission denied)")
+    root = check_corpus_path(corpus if corpus is not None else default_corpus(), "--corpus")
+    if root.is_file():
+        return root, [root]
     try:
-        if root.is_file():
-            with open(root, "rb") as f:
-                if b"\x00" in f.read(8192):
-                    raise ValueError(f"--corpus {str(root)!r} is a binary file; give a text file")
-            return root, [root]
         files = list_files(root, "*.py" if corpus is None else None)
     except OSError as e:
         raise ValueError(f"--corpus {str(root)!r}: cannot read {e.filename or root}: {e.strerror}") from None
