@@ -51,21 +51,29 @@ def cmd_extend(args) -> int:
     return 0
 
 
+def _description(methods: dict[str, str], remaps: tuple[str, ...]) -> str:
+    """``posenc extend``'s description: what it measures, which methods replace a config's RoPE scaling and
+    which stack on it, and every method's summary (the registry's, :mod:`posenc.extension`)."""
+    frequency = [m for m in methods if m != "none" and m not in remaps]
+    return (
+        "A model trained at N tokens, run at N, 2N, ... with each context-extension method: perplexity of "
+        "the same final tokens with more context, passkey retrieval, the cost to short prompts, time and "
+        f"memory. Resumable: rerun the same command to continue. A frequency method ({', '.join(frequency)}) "
+        "replaces the RoPE scaling the model's config may have; none and the training-free remaps "
+        f"({', '.join(remaps)}) keep it, and the remaps map distances on top of it into the trained length. "
+        "Methods: " + "; ".join(f"{k}: {v}" for k, v in methods.items())
+    )
+
+
 def add_commands(subparsers) -> None:
     """Add ``extend`` to the ``posenc`` command."""
     from posenc.cli import HelpFormatter
-    from posenc.real.methods import EXTEND_METHODS
+    from posenc.real.methods import EXTEND_METHODS, REMAP_METHODS
 
     p = subparsers.add_parser(
         "extend",
         help="context extension on a real pretrained model: perplexity and passkey per method and length",
-        description="A model trained at N tokens, run at N, 2N, ... with each context-extension method: "
-        "perplexity of the same final tokens with more context, passkey retrieval, the cost to short "
-        "prompts, time and memory. Resumable: rerun the same command to continue. A frequency method (pi, "
-        "ntk, dynamic, yarn, llama3) replaces the RoPE scaling the model's config may have; none and the "
-        "training-free remaps (selfextend, rerope, leaky-rerope, string, dca) keep it, and the remaps map "
-        "distances on top of it into the trained length. Methods: "
-        + "; ".join(f"{k}: {v}" for k, v in EXTEND_METHODS.items()),
+        description=_description(EXTEND_METHODS, REMAP_METHODS),
         formatter_class=HelpFormatter,
     )
     p.add_argument(

@@ -246,11 +246,34 @@ def suggestion(payload: dict) -> str | None:
     )
 
 
+def _log_axes(ax_ppl, ax_key, ax_ctx, train_len: int, lengths: list[int]) -> None:
+    """Every axis log-scaled in length with the trained length dashed; the perplexities log-scaled too where
+    a line was drawn (a log axis of no data cannot be drawn: it says "not measured" instead)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    drawn = {ax: any(len(line.get_xdata()) for line in ax.lines) for ax in (ax_ppl, ax_ctx)}
+    for ax in (ax_ppl, ax_key, ax_ctx):
+        ax.axvline(train_len, color="0.5", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(plain)
+        ax.grid(alpha=0.3)
+    for ax in (ax_ppl, ax_key):
+        ax.set_xticks(lengths)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    for ax in (ax_ppl, ax_ctx):
+        if not drawn[ax]:  # nothing measured here, yet or at all
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+            continue
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+
+
 def extend_figure(payload: dict) -> Figure:
     """Perplexity against length (the trained length marked), passkey accuracy against length (Wilson
     intervals), and perplexity by context length at the longest length; one colour per method."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     rows, L, lengths = payload["results"], payload["train_len"], payload["lengths"]
     fig = Figure(figsize=(15, 4.6), layout="constrained")
@@ -272,23 +295,7 @@ def extend_figure(payload: dict) -> Figure:
         if curve:
             mids = [(a + b) / 2 for a, b, _ in curve]
             ax_ctx.plot(mids, [p for *_, p in curve], ".-", color=c, label=r["method"])
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    drawn = {ax: any(len(line.get_xdata()) for line in ax.lines) for ax in (ax_ppl, ax_ctx)}
-    for ax in (ax_ppl, ax_key, ax_ctx):
-        ax.axvline(L, color="0.5", ls="--", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(plain)
-        ax.grid(alpha=0.3)
-    for ax in (ax_ppl, ax_key):
-        ax.set_xticks(lengths)
-        ax.xaxis.set_minor_formatter(NullFormatter())
-    for ax in (ax_ppl, ax_ctx):
-        if not drawn[ax]:  # nothing measured here (yet, or at all): a log axis of no data cannot be drawn
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
-            continue
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
+    _log_axes(ax_ppl, ax_key, ax_ctx, L, lengths)
     ax_ppl.set(
         xlabel="window length (tokens; dashed: trained length)",
         ylabel=f"perplexity of the last {payload['score_tokens']} tokens",
