@@ -79,3 +79,39 @@ def test_no_module_imports_itself_back():
 def test_the_cycle_finder_finds_cycles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e2"}, "e2": set()}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def private_imports(names: dict[str, Path]) -> list[str]:
+    """``module: name`` for every private name (a leading underscore) that a posenc module imports from
+    another posenc module; a private module itself (``_checks``) may be imported, its public names too."""
+    found = []
+    for module, path in names.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.module == "__future__":
+                continue
+            base = package[: len(package) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            if not source.startswith("posenc"):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{source}.{alias.name}" not in names:
+                    found.append(f"{module}: {source}.{alias.name}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports(_module_names()) == []
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    (tmp_path / "a.py").write_text("from .b import _helper, public\nfrom . import _checks\n")
+    (tmp_path / "b.py").write_text("def _helper(): ...\n")
+    (tmp_path / "_checks.py").write_text("")
+    names = {
+        "posenc.a": tmp_path / "a.py",
+        "posenc.b": tmp_path / "b.py",
+        "posenc._checks": tmp_path / "_checks.py",
+    }
+    assert private_imports(names) == ["posenc.a: posenc.b._helper"]

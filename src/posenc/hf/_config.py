@@ -19,7 +19,7 @@ __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 INTERLEAVED_MODEL_TYPES = frozenset(having("pairs"))
 
 
-def _get(config, *names, default=None):
+def config_value(config, *names, default=None):
     for name in names:
         try:
             value = config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
@@ -34,12 +34,12 @@ def _get(config, *names, default=None):
     return default
 
 
-def _head_dim(config) -> int:
-    head_dim = _get(config, "head_dim")
+def config_head_dim(config) -> int:
+    head_dim = config_value(config, "head_dim")
     if head_dim is not None:
         return head_dim
-    hidden = _get(config, "hidden_size", "n_embd", "d_model")
-    heads = _get(config, "num_attention_heads", "n_head")
+    hidden = config_value(config, "hidden_size", "n_embd", "d_model")
+    heads = config_value(config, "num_attention_heads", "n_head")
     if hidden is None or heads is None:
         raise ValueError("config has neither head_dim nor hidden_size and num_attention_heads")
     return hidden // heads
@@ -67,14 +67,16 @@ def rope_settings(config, *, read_elsewhere: Collection[str] = ()) -> dict:
     Any other key raises a ValueError naming it, before any work.
     """
     config = _rope_config(config)
-    model_type = _get(config, "model_type", default="")
-    head_dim = _head_dim(config)
-    max_pos = _get(config, "max_position_embeddings", "n_positions")
+    model_type = config_value(config, "model_type", default="")
+    head_dim = config_head_dim(config)
+    max_pos = config_value(config, "max_position_embeddings", "n_positions")
     params = _rope_parameters(config)
     for key in ("max_position_embeddings", *read_elsewhere):
         params.pop(key, None)
-    theta = params.pop("rope_theta", None) or _get(config, "rope_theta", "rotary_emb_base", default=10000.0)
-    prf = params.pop("partial_rotary_factor", None) or _get(
+    theta = params.pop("rope_theta", None) or config_value(
+        config, "rope_theta", "rotary_emb_base", default=10000.0
+    )
+    prf = params.pop("partial_rotary_factor", None) or config_value(
         config, "partial_rotary_factor", "rotary_pct", default=1.0
     )
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
@@ -85,13 +87,13 @@ def rope_settings(config, *, read_elsewhere: Collection[str] = ()) -> dict:
         # HunYuan's checkpoints label static NTK "dynamic"; its code reads alpha and ignores the factor
         rope_type, params = "ntk", {"factor": params["alpha"]}
     if rope_type in ("llama3", "yarn", "longrope"):
-        top = _get(config, "original_max_position_embeddings")
+        top = config_value(config, "original_max_position_embeddings")
         if top is not None:
             params["original_max_position_embeddings"] = top
         elif params.get("original_max_position_embeddings") is None:
             params["original_max_position_embeddings"] = max_pos
 
-    rotary_dim = _get(config, "rotary_dim") if model_type in ("gptj", "codegen") else None
+    rotary_dim = config_value(config, "rotary_dim") if model_type in ("gptj", "codegen") else None
     if rotary_dim is None and rope_type != "proportional":
         rotary_dim = int(head_dim * prf)
     return {
@@ -114,8 +116,10 @@ def _rope_config(config):
             "config must be a transformers config, a config.json dict or a model, got "
             f"{type(config).__name__}"
         )
-    model_type = _get(config, "model_type", default="")
-    if model_type not in _ROPE_MODEL_TYPES and not any(_get(config, key) is not None for key in ROPE_KEYS):
+    model_type = config_value(config, "model_type", default="")
+    if model_type not in _ROPE_MODEL_TYPES and not any(
+        config_value(config, key) is not None for key in ROPE_KEYS
+    ):
         raise ValueError(
             f"config (model_type={model_type!r}) describes no rotary embedding: it has none of "
             f"{', '.join(ROPE_KEYS)}; its model uses another positional encoding"
@@ -125,7 +129,7 @@ def _rope_config(config):
 
 def _rope_parameters(config) -> dict:
     """A copy of the config's one RoPE dict (``rope_parameters`` or ``rope_scaling``; {} when neither)."""
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    params = config_value(config, "rope_parameters") or config_value(config, "rope_scaling") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"config's rope_parameters / rope_scaling must be a dict, got {params!r}")
     if params and all(isinstance(v, Mapping) or v is None for v in params.values()):
@@ -164,7 +168,7 @@ def _scaling(rope_type: str, params: dict, prf: float) -> dict | None:
 def temperature_keys(config) -> tuple[str, ...]:
     """The RoPE-dict keys of a length temperature that ``config``'s model applies to its queries itself
     (Ministral 3's and Mistral 4's ``llama_4_scaling_beta``): not part of its cos/sin."""
-    applies = family(_get(config, "model_type", default="")).length_temperature
+    applies = family(config_value(config, "model_type", default="")).length_temperature
     return ("llama_4_scaling_beta",) if applies else ()
 
 

@@ -82,7 +82,7 @@ class _State:
         return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
 
 
-def _attention_layers(model) -> list:
+def attention_layers(model) -> list:
     found = {}
     for module in model.modules():
         name = type(module).__name__
@@ -201,7 +201,7 @@ def patch_layers(model, plan, config, expected, book: Ledger) -> None:
     """Apply ``plan`` (one :class:`LayerPlan` per layer) to ``model``, every change into ``book``; see the
     module docstring."""
     adapter = ADAPTERS[_model_type(config)]
-    layers = _attention_layers(model)
+    layers = attention_layers(model)
     _check_linear(plan, expected)
     plan = [lp for lp in plan if lp.attention != "linear"]  # the attention layers, in order
     expected = [lp for lp in expected if lp.attention != "linear"]

@@ -16,7 +16,7 @@ from ..rope import RotaryEmbedding
 from ..rope.mrope import MRotaryEmbedding
 from ..rope.table import call_context
 from ..rope.xpos import XPos
-from ._config import _get, rope_settings, rotary_from_config, temperature_keys
+from ._config import config_value, rope_settings, rotary_from_config, temperature_keys
 from .families import having
 from .layers import ADAPTERS, patch_layers
 from .ledger import is_patched, ledger, undo
@@ -153,7 +153,7 @@ def _handout(module, layer_type: str | None = None) -> str | None:
     return "narrow"
 
 
-def _takes_axis_positions(module, layer_type: str | None = None) -> bool:
+def takes_axis_positions(module, layer_type: str | None = None) -> bool:
     """Whether a rotary module reads (axes, batch, seq) M-RoPE position ids (2 to 4 axes): it hands out
     (batch, seq, dim) for them, where a plain RoPE module broadcasts them into another shape."""
     for axes in (2, 3, 4):
@@ -229,11 +229,11 @@ def _type_head_dim(values: dict, layer_type: str) -> dict:
 def _plan_typed(module, name: str, config, model_type: str, layer_types: list[str]):
     """posenc's rotaries and hand-out forms for each layer type of a per-layer-type rotary module, each
     checked against the module's own cos/sin; a ValueError naming the layer type where one is not exact."""
-    params = _get(config, "rope_parameters")
+    params = config_value(config, "rope_parameters")
     base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     rotaries, forms = {}, {}
     for layer_type in layer_types:
-        mrope = _takes_axis_positions(module, layer_type)
+        mrope = takes_axis_positions(module, layer_type)
         if mrope and model_type.removesuffix("_text") not in MROPE_FAMILIES:
             raise ValueError(
                 f"{type(module).__name__} ({name}, layer type {layer_type!r}) takes M-RoPE position ids of "
@@ -395,13 +395,13 @@ def _places_image_patches(module) -> bool:
     """Whether a rotary module is a vision tower's (its config's ``rope_type`` is "axial": 2-D positions of
     image patches, which patch_model leaves to the model; posenc's own is
     :class:`posenc.AxialRotaryEmbedding`)."""
-    params = _get(getattr(module, "config", None) or {}, "rope_parameters")
+    params = config_value(getattr(module, "config", None) or {}, "rope_parameters")
     return isinstance(params, Mapping) and params.get("rope_type") == "axial"
 
 
 def _form(module, name: str, model_type: str) -> str:
     """The hand-out form of a single-RoPE rotary module, or a ValueError saying why posenc cannot take it."""
-    if _takes_axis_positions(module):
+    if takes_axis_positions(module):
         if model_type.removesuffix("_text") in MROPE_FAMILIES:
             return "mrope"  # a family whose M-RoPE posenc knows, patched through its rotary module
         raise ValueError(
@@ -473,7 +473,7 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
         )
     name, module = targets[0]
     config = getattr(module, "config", None) or model.config
-    model_type = _get(config, "model_type", default="")
+    model_type = config_value(config, "model_type", default="")
     form = _form(module, name, model_type)
     if form == "mrope":
         raise ValueError(
@@ -484,7 +484,7 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
             f"remap= rotates the first rotary_dim channels of each head; {type(module).__name__} ({name}) "
             "hands out complex frequencies for attention code that places its rotary channels itself"
         )
-    softcap = _get(text_config(model.config), "attn_logit_softcapping", default=None)
+    softcap = config_value(text_config(model.config), "attn_logit_softcapping", default=None)
     if softcap is not None:
         raise ValueError(
             f"remap= has no logit soft-capping; {model_type or type(model).__name__} caps its scores at "

@@ -37,7 +37,7 @@ import torch
 from ..rope import RotaryEmbedding
 from ..rope.frequencies import yarn_mscale
 from ..rope.mrope import MRotaryEmbedding
-from ._config import ROPE_KEYS, _get, _head_dim, rope_settings, temperature_keys
+from ._config import ROPE_KEYS, config_head_dim, config_value, rope_settings, temperature_keys
 from .families import family, having
 from .source import modeling_source
 
@@ -186,9 +186,9 @@ def _rope(settings: dict, **extra) -> Rope:
 # ---------------------------------------------------------------------------------------------- readers
 def _attention(layer_type: str, config) -> tuple[str, int | None]:
     if layer_type == "sliding_attention":
-        return "sliding", _get(config, "sliding_window")
+        return "sliding", config_value(config, "sliding_window")
     if layer_type == "chunked_attention":
-        return "chunked", _get(config, "attention_chunk_size")
+        return "chunked", config_value(config, "attention_chunk_size")
     if layer_type == "full_attention":
         return "full", None
     if layer_type == "linear_attention":
@@ -200,7 +200,7 @@ def _attention(layer_type: str, config) -> tuple[str, int | None]:
 
 
 def _n_layers(config) -> int:
-    n = _get(config, "num_hidden_layers", "n_layer", "num_layers")
+    n = config_value(config, "num_hidden_layers", "n_layer", "num_layers")
     if n is None:
         raise ValueError("config has no num_hidden_layers")
     return n
@@ -210,9 +210,9 @@ def _has_rope(config) -> list[int]:
     """``no_rope_layers`` (1: the layer HAS RoPE, as Llama 4 and SmolLM3 use it), or its default: a NoPE
     layer every ``no_rope_layer_interval`` layers."""
     n = _n_layers(config)
-    flags = _get(config, "no_rope_layers")
+    flags = config_value(config, "no_rope_layers")
     if not flags:
-        interval = _get(config, "no_rope_layer_interval", default=4)
+        interval = config_value(config, "no_rope_layer_interval", default=4)
         flags = [int((i + 1) % interval != 0) for i in range(n)]
     if len(flags) != n or any(f not in (0, 1, True, False) for f in flags):
         raise ValueError(
@@ -222,7 +222,7 @@ def _has_rope(config) -> list[int]:
 
 
 def _layer_types(config, derived) -> list[str]:
-    types = _get(config, "layer_types")
+    types = config_value(config, "layer_types")
     if types is None:
         types = derived
     if len(types) != _n_layers(config):
@@ -248,15 +248,15 @@ def _recurrent(lp: LayerPlan) -> LayerPlan:
 
 def _length_temperature(config) -> QueryTemperature | None:
     """Ministral 3's and Mistral 4's query temperature, for the families whose attention applies it."""
-    if not family(_get(config, "model_type", default="")).length_temperature:
+    if not family(config_value(config, "model_type", default="")).length_temperature:
         return None
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    params = config_value(config, "rope_parameters") or config_value(config, "rope_scaling") or {}
     beta, length = params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings")
     if beta is None or not length:
         raise ValueError(
             f"config's rope_parameters need llama_4_scaling_beta and original_max_position_embeddings: "
-            f"model_type {_get(config, 'model_type')!r} scales its queries by 1 + beta ln(1 + floor(p / "
-            f"original_max_position_embeddings)); got {beta!r} and {length!r}"
+            f"model_type {config_value(config, 'model_type')!r} scales its queries by 1 + beta "
+            f"ln(1 + floor(p / original_max_position_embeddings)); got {beta!r} and {length!r}"
         )
     return QueryTemperature(float(beta), float(length), offset=0.0)
 
@@ -265,20 +265,21 @@ def _exaone4(config) -> tuple[LayerPlan, ...]:
     """EXAONE 4: RoPE on sliding-window layers and NoPE on full-attention ones, or RoPE everywhere when the
     config has no sliding window (its attention rotates iff ``sliding_window is None or is_sliding``)."""
     plan = _single_rope_plan(config)
-    if _get(config, "sliding_window") is None:
+    if config_value(config, "sliding_window") is None:
         return plan
     return tuple(dataclasses.replace(lp, rope=None) if lp.attention == "full" else lp for lp in plan)
 
 
 def _llama4(config) -> tuple[LayerPlan, ...]:
     has_rope = _has_rope(config)
-    chunk = _get(config, "attention_chunk_size")
+    chunk = config_value(config, "attention_chunk_size")
     derived = ["chunked_attention" if r and chunk is not None else "full_attention" for r in has_rope]
     types = _layer_types(config, derived)
     rope = _rope(rope_settings(config), layout="interleaved")  # Meta's complex pairs (2i, 2i+1)
-    tuning = _get(config, "attn_temperature_tuning", default=True)
+    tuning = config_value(config, "attn_temperature_tuning", default=True)
     temperature = QueryTemperature(
-        float(_get(config, "attn_scale", default=0.1)), float(_get(config, "floor_scale", default=8192))
+        float(config_value(config, "attn_scale", default=0.1)),
+        float(config_value(config, "floor_scale", default=8192)),
     )
     return tuple(
         LayerPlan(
@@ -293,7 +294,9 @@ def _llama4(config) -> tuple[LayerPlan, ...]:
 
 def _smollm3(config) -> tuple[LayerPlan, ...]:
     has_rope = _has_rope(config)
-    sliding = _get(config, "use_sliding_window", default=False) and _get(config, "sliding_window")
+    sliding = config_value(config, "use_sliding_window", default=False) and config_value(
+        config, "sliding_window"
+    )
     derived = ["sliding_attention" if sliding and not r else "full_attention" for r in has_rope]
     types = _layer_types(config, derived)
     rope = _rope(rope_settings(config))
@@ -305,7 +308,7 @@ def _smollm3(config) -> tuple[LayerPlan, ...]:
 
 def _cohere2(config) -> tuple[LayerPlan, ...]:
     n = _n_layers(config)
-    pattern = _get(config, "sliding_window_pattern", default=4)
+    pattern = config_value(config, "sliding_window_pattern", default=4)
     derived = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
     types = _layer_types(config, derived)
     rope = _rope(rope_settings(config))  # "interleaved": cohere2 is in INTERLEAVED_MODEL_TYPES
@@ -318,43 +321,43 @@ def _cohere2(config) -> tuple[LayerPlan, ...]:
 def _per_type_rope(config) -> dict[str, dict]:
     """Gemma-style RoPE per layer type: transformers' ``rope_parameters`` {layer type: params}, or the
     config.json form (``rope_theta`` + ``rope_scaling`` global, ``rope_local_base_freq`` local)."""
-    params = _get(config, "rope_parameters")
+    params = config_value(config, "rope_parameters")
     if isinstance(params, Mapping) and params and all(isinstance(v, Mapping) for v in params.values()):
         return {k: dict(v) for k, v in params.items()}
-    scaling = dict(_get(config, "rope_scaling") or {})
+    scaling = dict(config_value(config, "rope_scaling") or {})
     scaling.setdefault("rope_type", scaling.pop("type", "default"))
     return {
-        "full_attention": {**scaling, "rope_theta": _get(config, "rope_theta", default=1e6)},
+        "full_attention": {**scaling, "rope_theta": config_value(config, "rope_theta", default=1e6)},
         "sliding_attention": {
             "rope_type": "default",
-            "rope_theta": _get(config, "rope_local_base_freq", default=1e4),
+            "rope_theta": config_value(config, "rope_local_base_freq", default=1e4),
         },
     }
 
 
 def _gemma3(config) -> tuple[LayerPlan, ...]:
     n = _n_layers(config)
-    pattern = _get(config, "sliding_window_pattern", "_sliding_window_pattern", default=6)
+    pattern = config_value(config, "sliding_window_pattern", "_sliding_window_pattern", default=6)
     derived = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)]
     types = _layer_types(config, derived)
     per_type = _per_type_rope(config)
-    ropes = {t: _type_rope(config, per_type, t, _head_dim(config)) for t in sorted(set(types))}
-    scale = _get(config, "query_pre_attn_scalar", default=_head_dim(config)) ** -0.5
+    ropes = {t: _type_rope(config, per_type, t, config_head_dim(config)) for t in sorted(set(types))}
+    scale = config_value(config, "query_pre_attn_scalar", default=config_head_dim(config)) ** -0.5
     return tuple(LayerPlan(i, ropes[t], *_attention(t, config), scale=scale) for i, t in enumerate(types))
 
 
 def _global_head_dim(config) -> int:
     """Gemma 4's head dimension on full-attention layers: ``global_head_dim`` in config.json, a
     ``per_layer_config`` override in transformers' config (as a dict); else head_dim."""
-    value = _get(config, "global_head_dim")
+    value = config_value(config, "global_head_dim")
     if value is not None:
         return value
-    overrides = _get(config, "per_layer_config")
+    overrides = config_value(config, "per_layer_config")
     if isinstance(overrides, Mapping):
         for override in overrides.values():
             if isinstance(override, Mapping) and "head_dim" in override:
                 return override["head_dim"]
-    return _head_dim(config)
+    return config_head_dim(config)
 
 
 def _gemma4(config) -> tuple[LayerPlan, ...]:
@@ -369,7 +372,7 @@ def _gemma4(config) -> tuple[LayerPlan, ...]:
     if types[-1] != "full_attention":
         types[-1] = "full_attention"  # as Gemma4TextConfig forces it
     per_type = _per_type_rope(config)
-    head_dims = {"sliding_attention": _head_dim(config), "full_attention": _global_head_dim(config)}
+    head_dims = {"sliding_attention": config_head_dim(config), "full_attention": _global_head_dim(config)}
     ropes = {t: _type_rope(config, per_type, t, head_dims[t]) for t in sorted(set(types))}
     return tuple(LayerPlan(i, ropes[t], *_attention(t, config), scale=1.0) for i, t in enumerate(types))
 
@@ -380,9 +383,9 @@ def _type_rope(config, per_type: dict, layer_type: str, head_dim: int) -> Rope:
             f"config's rope_parameters has no entry for layer type {layer_type!r} (has {sorted(per_type)})"
         )
     flat = {
-        "model_type": _get(config, "model_type", default=""),
+        "model_type": config_value(config, "model_type", default=""),
         "head_dim": head_dim,
-        "max_position_embeddings": _get(config, "max_position_embeddings"),
+        "max_position_embeddings": config_value(config, "max_position_embeddings"),
         "rope_parameters": per_type[layer_type],
     }
     if flat["model_type"].removesuffix("_text") in MROPE_FAMILIES:  # M-RoPE per layer type (NeoMME)
@@ -399,13 +402,13 @@ def mrope_rope(config) -> Rope:
     """The M-RoPE of a (text) config of a family in :data:`MROPE_FAMILIES`: its ``mrope_section`` (else the
     family's default), put in the position ids' axis order, the family's slot order and pairing; a
     ValueError for any other family."""
-    name = _get(config, "model_type", default="").removesuffix("_text")
+    name = config_value(config, "model_type", default="").removesuffix("_text")
     spec = MROPE_FAMILIES.get(name)
     if spec is None:
         raise ValueError(
             f"model_type {name!r} has no M-RoPE layout in posenc; known: {', '.join(sorted(MROPE_FAMILIES))}"
         )
-    params = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
+    params = dict(config_value(config, "rope_parameters") or config_value(config, "rope_scaling") or {})
     listed = params.pop("mrope_section", spec.section)
     params.pop("mrope_interleaved", None)  # Qwen3-VL's configs say what its code always does
     if params.get("rope_type", params.get("type")) == "mrope":  # early Qwen2-VL configs' name for default
@@ -413,9 +416,9 @@ def mrope_rope(config) -> Rope:
         params["rope_type"] = "default"
     flat = {
         "model_type": name,
-        "head_dim": _head_dim(config),
-        "max_position_embeddings": _get(config, "max_position_embeddings"),
-        "rope_theta": _get(config, "rope_theta"),
+        "head_dim": config_head_dim(config),
+        "max_position_embeddings": config_value(config, "max_position_embeddings"),
+        "rope_theta": config_value(config, "rope_theta"),
         "rope_parameters": params,
     }
     settings = rope_settings(flat)
@@ -442,7 +445,7 @@ def _mla(config) -> tuple[LayerPlan, ...]:
     ``qk_rope_head_dim`` slice of q and of one key head shared by all heads; softmax scale
     (qk_nope + qk_rope)^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2 for a scaled RoPE. The slice's
     pairing is what the family's code does (:attr:`~posenc.hf.families.Family.mla`)."""
-    model_type = _get(config, "model_type", default="")
+    model_type = config_value(config, "model_type", default="")
     settings = rope_settings(config, read_elsewhere=temperature_keys(config))
     pairing = family(model_type).mla
     if pairing is None:
@@ -451,19 +454,24 @@ def _mla(config) -> tuple[LayerPlan, ...]:
             "whose pairing of the rotated slice and softmax scale live in each family's code; posenc has "
             f"read those of {', '.join(having('mla'))}"
         )
-    rope_dim, nope_dim = _get(config, "qk_rope_head_dim"), _get(config, "qk_nope_head_dim", default=0)
+    rope_dim, nope_dim = (
+        config_value(config, "qk_rope_head_dim"),
+        config_value(config, "qk_nope_head_dim", default=0),
+    )
     if (settings["rotary_dim"] or settings["head_dim"]) != rope_dim:
         raise ValueError(
             f"config's RoPE rotates {settings['rotary_dim']} dimensions (head_dim {settings['head_dim']}), "
             f"but its qk_rope_head_dim is {rope_dim}: posenc does not know which its attention uses"
         )
-    interleaved = _get(config, "rope_interleave", default=True) if pairing == "config" else pairing == "pairs"
+    interleaved = (
+        config_value(config, "rope_interleave", default=True) if pairing == "config" else pairing == "pairs"
+    )
     rope = _rope(
         {**settings, "head_dim": rope_dim, "rotary_dim": rope_dim},
         layout="interleaved" if interleaved else "half",
     )
     scale = (rope_dim + nope_dim) ** -0.5
-    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    params = config_value(config, "rope_parameters") or config_value(config, "rope_scaling") or {}
     mscale_all_dim = params.get("mscale_all_dim")
     if params.get("rope_type", params.get("type", "default")) != "default" and mscale_all_dim:
         scale *= yarn_mscale(params["factor"], mscale_all_dim) ** 2  # DeepSeek's YaRN
@@ -512,10 +520,10 @@ def text_config(config):
     any config with a ``text_config`` and no RoPE keys of its own; the config itself otherwise."""
     if isinstance(config, torch.nn.Module) and hasattr(config, "config"):
         config = config.config
-    model_type = _get(config, "model_type", default="")
-    inner = _get(config, "text_config")
+    model_type = config_value(config, "model_type", default="")
+    inner = config_value(config, "text_config")
     if inner is not None and (model_type in _COMPOSITE or not _has_rope_keys(config)):
-        inner_type = _get(inner, "model_type") or f"{model_type}_text"
+        inner_type = config_value(inner, "model_type") or f"{model_type}_text"
         if isinstance(inner, Mapping):
             inner = {**inner, "model_type": inner_type}
         return inner
@@ -523,7 +531,7 @@ def text_config(config):
 
 
 def _has_rope_keys(config) -> bool:
-    return any(_get(config, key) is not None for key in ROPE_KEYS)
+    return any(config_value(config, key) is not None for key in ROPE_KEYS)
 
 
 def _check_keys(config) -> None:
@@ -552,7 +560,7 @@ def position_plan(config) -> tuple[LayerPlan, ...]:
             f"{type(config).__name__}"
         )
     _check_keys(config)
-    model_type = _get(config, "model_type", default="")
+    model_type = config_value(config, "model_type", default="")
     reader = READERS.get(model_type)
     if reader is not None:
         return reader(config)
@@ -562,9 +570,9 @@ def position_plan(config) -> tuple[LayerPlan, ...]:
             f"model_type {model_type!r}'s code lays out M-RoPE sections (positions on several axes), whose "
             f"layout posenc does not know; known: {', '.join(sorted(MROPE_FAMILIES))}"
         )
-    if all(_get(config, key) is not None for key in MLA_KEYS):
+    if all(config_value(config, key) is not None for key in MLA_KEYS):
         return _mla(config)
-    if _get(config, "layer_types") and isinstance(_get(config, "rope_parameters"), Mapping):
-        if all(isinstance(v, Mapping) for v in _get(config, "rope_parameters").values()):
+    if config_value(config, "layer_types") and isinstance(config_value(config, "rope_parameters"), Mapping):
+        if all(isinstance(v, Mapping) for v in config_value(config, "rope_parameters").values()):
             return _gemma3(config)  # any other per-layer-type family follows Gemma 3's rules
     return _single_rope_plan(config)

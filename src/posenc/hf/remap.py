@@ -29,7 +29,7 @@ import types
 import torch
 
 from ..remap import remap_attention
-from .layers import _attention_layers
+from .layers import attention_layers
 from .ledger import Ledger
 
 __all__ = ["IMPLEMENTATION", "patch_remap"]
@@ -181,7 +181,7 @@ def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    layers = _attention_layers(model)
+    layers = attention_layers(model)
     if not layers:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
     AttentionInterface.register(IMPLEMENTATION, _remap_forward)

@@ -289,13 +289,13 @@ def _unzeroed(model):
 def _unpatched(model, config, ids) -> tuple[tuple, list]:
     """The positions checked (offset 0, a far offset, and three differing M-RoPE axes where the model takes
     them) and the model's own logits at each."""
-    from .patch import _takes_axis_positions
+    from .patch import takes_axis_positions
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
     offsets = (0, far)
     want = [_logits(model, ids, o) for o in offsets]
-    if any(_takes_axis_positions(m) for m in _rotary_modules(model)):
+    if any(takes_axis_positions(m) for m in _rotary_modules(model)):
         try:  # M-RoPE: three axes that differ, where a wrong section layout shows
             want.append(_logits(model, ids, _axis_positions(LENGTH)))
             offsets = (*offsets, _axis_positions(LENGTH))

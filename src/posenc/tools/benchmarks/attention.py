@@ -68,7 +68,9 @@ def materialised_fits(need: int, device: torch.device) -> str | None:
     return f"needs ~{need / 2**30:.0f} GiB for the bias and scores, {avail / 2**30:.0f} GiB available"
 
 
-def _qkv(seq: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+def random_qkv(
+    seq: int, heads: int, dim: int, dtype: torch.dtype, device: torch.device
+) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
     return [torch.randn(1, heads, seq, dim, generator=gen).to(device, dtype) for _ in range(3)]
 
@@ -80,8 +82,8 @@ def measure(case: str, seq: int, heads: int, dim: int, repeat: int, device=_CPU,
     """
     fn = attend(case, posenc.ALiBi(heads).to(device))
     with torch.no_grad():
-        fn(*_qkv(128, heads, dim, dtype, device))  # load kernels and thread pools before the baseline
-        q, k, v = _qkv(seq, heads, dim, dtype, device)
+        fn(*random_qkv(128, heads, dim, dtype, device))  # load kernels and thread pools before the baseline
+        q, k, v = random_qkv(seq, heads, dim, dtype, device)
         if device.type == "cuda":
             fn(q, k, v)  # compile for this shape; CUDA's peak counts live allocations, not cached ones
         peak = memory.peak_meter(device)

@@ -32,7 +32,7 @@ import posenc
 from posenc.attention import bias_backend
 
 from . import memory
-from .attention import _qkv, answer_parent, attend, in_child, materialised_bytes, materialised_fits
+from .attention import answer_parent, attend, in_child, materialised_bytes, materialised_fits, random_qkv
 from .presets import Preset
 from .report import Column, number, table
 from .timing import interleaved_times
@@ -87,7 +87,7 @@ def _check(name: str, value, allowed) -> None:
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {value!r}")
 
 
-def _call(fn: Callable, inputs: tuple, params: tuple, mode: str) -> Callable[[], object]:
+def timed_call(fn: Callable, inputs: tuple, params: tuple, mode: str) -> Callable[[], object]:
     """One timed call of ``fn`` on q, k, v: the forward, or the forward and the gradients it needs."""
     if mode == "forward":
 
@@ -104,7 +104,7 @@ def _call(fn: Callable, inputs: tuple, params: tuple, mode: str) -> Callable[[],
     return forward_backward
 
 
-def _first_call_peak(fn: Callable[[], object], device, peaks: dict, name: str) -> Callable[[], object]:
+def first_call_peak(fn: Callable[[], object], device, peaks: dict, name: str) -> Callable[[], object]:
     """``fn``, recording in ``peaks[name]`` the memory its first call added (the timing runs it anyway)."""
 
     def call():
@@ -160,9 +160,9 @@ def measure(
     grad = mode != "forward"
 
     def calls_on(length: int) -> tuple[tuple, dict[str, Callable[[], object]]]:
-        qkv = tuple(t.requires_grad_(grad) for t in _qkv(length, heads, dim, dtype, device))
+        qkv = tuple(t.requires_grad_(grad) for t in random_qkv(length, heads, dim, dtype, device))
         own = {case: () if case == "sdpa causal" else params for case in fns}  # the floor has no bias
-        return qkv, {case: _call(fn, qkv, own[case], mode) for case, fn in fns.items()}
+        return qkv, {case: timed_call(fn, qkv, own[case], mode) for case, fn in fns.items()}
 
     for call in calls_on(256)[1].values():  # load kernels and thread pools (and the blocked path) first
         call()
@@ -171,7 +171,7 @@ def measure(
         for call in calls.values():  # compile for this shape; CUDA's peak counts live allocations only
             call()
     peaks: dict[str, int] = {}
-    timed = {case: _first_call_peak(call, device, peaks, case) for case, call in calls.items()}
+    timed = {case: first_call_peak(call, device, peaks, case) for case, call in calls.items()}
     times = {case: statistics.median(ts) for case, ts in interleaved_times(timed, repeat, 0, device).items()}
     floor = times["sdpa causal"]
     if floor_only:
@@ -243,7 +243,7 @@ def run(
     return rows
 
 
-def _mib(value) -> str:
+def mib(value) -> str:
     return number(None if value is None else value / 2**20, ".0f")
 
 
@@ -252,7 +252,7 @@ def _materialised(r: dict) -> str:
         return f"skipped: {r['sdpa_bias_skipped']}"
     return (
         f"{r['sdpa_bias_seconds']:.3f} s, {r['sdpa_bias_x_causal_sdpa']:.2f}x, "
-        f"{_mib(r['sdpa_bias_peak_bytes'])} MiB"
+        f"{mib(r['sdpa_bias_peak_bytes'])} MiB"
     )
 
 
@@ -262,10 +262,10 @@ COLUMNS = (
     Column("mode", -17, lambda r: r["mode"]),
     Column("seconds", 9, lambda r: f"{r['seconds']:.3f}"),
     Column("x causal", 8, lambda r: f"{r['x_causal_sdpa']:.2f}"),
-    Column("peak MiB", 9, lambda r: _mib(r["peak_bytes"])),
+    Column("peak MiB", 9, lambda r: mib(r["peak_bytes"])),
     Column("backend", -13, lambda r: r["backend"]),
     Column("causal s", 9, lambda r: f"{r['sdpa_causal_seconds']:.3f}"),
-    Column("causal MiB", 10, lambda r: _mib(r.get("sdpa_causal_peak_bytes"))),
+    Column("causal MiB", 10, lambda r: mib(r.get("sdpa_causal_peak_bytes"))),
     Column("  SDPA + materialised bias: s, x causal, peak", -40, _materialised),
 )
 

@@ -20,7 +20,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from .biases import BIASES, _call
+from .biases import BIASES, timed_call
 from .report import Column, number, table
 from .timing import interleaved_times
 
@@ -57,7 +57,7 @@ def measure(name: str, family: str, batch: int, heads: int, dim: int, lengths, m
     grad = mode != "forward"
     q = torch.randn(batch, heads, q_len, dim, generator=gen).requires_grad_(grad)
     k, v = (torch.randn(batch, heads, k_len, dim, generator=gen).requires_grad_(grad) for _ in range(2))
-    calls = {path: _call(fn, (q, k, v), params, mode) for path, fn in _paths(bias).items()}
+    calls = {path: timed_call(fn, (q, k, v), params, mode) for path, fn in _paths(bias).items()}
     times = {p: statistics.median(ts) for p, ts in interleaved_times(calls, repeat, warmup=1).items()}
     return {
         "bias": name,

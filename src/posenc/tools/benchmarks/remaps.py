@@ -25,7 +25,7 @@ import torch
 import posenc
 
 from .attention import answer_parent, in_child
-from .biases import MODES, _call, _first_call_peak, _mib
+from .biases import MODES, first_call_peak, mib, timed_call
 from .presets import Preset
 from .report import Column, table
 from .timing import interleaved_times
@@ -65,12 +65,12 @@ def measure(name: str, mode: str, seq: int, heads: int, dim: int, repeat: int, d
 
     grad = mode != "forward"
     for fn in cases(256).values():  # load kernels and thread pools first
-        _call(fn, _inputs(256, heads, dim, grad, device), (), mode)()
+        timed_call(fn, _inputs(256, heads, dim, grad, device), (), mode)()
     fns = cases(seq)
     qkv = _inputs(seq, heads, dim, grad, device)
     peaks: dict[str, int] = {}
     calls = {
-        case: _first_call_peak(_call(fn, qkv, (), mode), device, peaks, case) for case, fn in fns.items()
+        case: first_call_peak(timed_call(fn, qkv, (), mode), device, peaks, case) for case, fn in fns.items()
     }
     times = {case: statistics.median(ts) for case, ts in interleaved_times(calls, repeat, 0, device).items()}
     return {
@@ -108,9 +108,9 @@ COLUMNS = (
     Column("mode", -17, lambda r: r["mode"]),
     Column("seconds", 9, lambda r: f"{r['seconds']:.3f}"),
     Column("x RoPE", 7, lambda r: f"{r['x_rope']:.2f}"),
-    Column("peak MiB", 9, lambda r: _mib(r["peak_bytes"])),
+    Column("peak MiB", 9, lambda r: mib(r["peak_bytes"])),
     Column("RoPE s", 8, lambda r: f"{r['rope_seconds']:.3f}"),
-    Column("RoPE MiB", 9, lambda r: _mib(r["rope_peak_bytes"])),
+    Column("RoPE MiB", 9, lambda r: mib(r["rope_peak_bytes"])),
 )
 
 

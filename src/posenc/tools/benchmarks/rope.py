@@ -41,7 +41,7 @@ def nominal_hbm(device: torch.device) -> float | None:
     return next((v for k, v in NOMINAL_HBM_GBS.items() if k in name), None)
 
 
-def _hf_apply() -> Callable | None:
+def hf_apply() -> Callable | None:
     try:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     except Exception:  # transformers is optional: the rows then have no ratio
@@ -60,7 +60,7 @@ def _cases(q, k, cos, sin, backward: bool) -> dict[str, Callable[[], object]]:
     """The calls timed for one (q, k): copy, hf where installed, then layout/mode for each layout."""
     dq, dk = torch.empty_like(q), torch.empty_like(k)
     cases: dict[str, Callable[[], object]] = {"copy": lambda: (dq.copy_(q), dk.copy_(k))}
-    hf = _hf_apply()
+    hf = hf_apply()
     if hf is not None:
         cos_full = torch.cat((cos, cos), dim=-1).to(q.dtype)[None]  # (1, seq, d), as LlamaRotaryEmbedding
         sin_full = torch.cat((sin, sin), dim=-1).to(q.dtype)[None]

@@ -19,7 +19,7 @@ import torch
 import posenc
 
 from .report import Column, number, table
-from .rope import _hf_apply
+from .rope import hf_apply
 from .timing import interleaved_times, medians
 
 PAST = 1000  # tokens already in the cache
@@ -95,7 +95,7 @@ def _compiled_row(hf, kind: str, batch: int, seq: int, device, repeat: int | Non
 
 def run(device: torch.device, quick: bool = False, repeat: int | None = None) -> list[dict]:
     """Eager rows for every shape; compiled rows (skipped with ``quick``) for a decode step and a prefill."""
-    hf = _hf_apply()
+    hf = hf_apply()
     if hf is None:
         return []
     rows = [_eager_row(hf, *shape, device, repeat) for shape in (QUICK_SHAPES if quick else SHAPES)]
