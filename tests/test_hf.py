@@ -186,9 +186,9 @@ def test_rotary_from_config_matches_the_model(name):
     model, _ = build(name)
     rot = rotary_from_config(model.config)
     hf = hf_rotary(model)
-    from posenc.hf.patch import _handout
+    from posenc.hf.handout import handout
 
-    assert rot.layout == {"half": "half", "pairs": "interleaved"}[_handout(hf)]  # what the module hands out
+    assert rot.layout == {"half": "half", "pairs": "interleaved"}[handout(hf)]  # what the module hands out
     np.testing.assert_allclose(rot.inv_freq.numpy(), hf.original_inv_freq.numpy(), rtol=2.5e-6)
     assert rot.attention_factor == pytest.approx(hf.attention_scaling, rel=1e-12)
     # the config.json form gives the same module

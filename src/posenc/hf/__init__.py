@@ -18,7 +18,9 @@ transformers itself is only imported by the caller: nothing here needs it at imp
 """
 
 from ._config import INTERLEAVED_MODEL_TYPES, rope_settings, rotary_from_config
-from .patch import PATCHED_FAMILIES, consistent_cache, patch_model, unpatch_model
+from .cache import consistent_cache
+from .handout import PATCHED_FAMILIES
+from .patch import patch_model, unpatch_model
 from .plan import LayerPlan, QueryTemperature, Rope, position_plan, text_config
 from .streaming import streaming_cache
 

@@ -289,7 +289,7 @@ def _unzeroed(model):
 def _unpatched(model, config, ids) -> tuple[tuple, list]:
     """The positions checked (offset 0, a far offset, and three differing M-RoPE axes where the model takes
     them) and the model's own logits at each."""
-    from .patch import takes_axis_positions
+    from .handout import takes_axis_positions
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
