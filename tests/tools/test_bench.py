@@ -316,3 +316,28 @@ def test_crossover_rows_time_both_cpu_paths_of_every_table_and_tile_bias():
     assert {r["bias"] for r in rows} == kinds
     assert {r["family"] for r in rows} == {"lab", "model", "decode"}
     assert crossover.crossover_table(rows).count("\n") == len(rows) + 1
+
+
+def test_a_new_benchmark_is_one_registry_record(tmp_path, capsys, monkeypatch):
+    """A benchmark added to the registry (here one reading the context it is handed) is an --only choice,
+    runs, prints its table and lands in the JSON, with no other edit; a plain run skips it when it is not
+    by_default."""
+    from posenc.tools.benchmarks import registry, report
+
+    seen = []
+
+    def run(module, context):
+        seen.append(context)
+        return [{"what": "toy", "repeat": context.repeat}]
+
+    monkeypatch.setattr(report, "toy_table", lambda rows: f"Toy: {len(rows)} row", raising=False)
+    toy = registry.Benchmark("toy", "a toy", "report", run, "toy_table", by_default=False)
+    monkeypatch.setitem(registry.BENCHMARKS, "toy", toy)
+    out = tmp_path / "toy.json"
+    assert main(["bench", "--quick", "--only", "toy", "--repeat", "3", "--out", str(out)]) == 0
+    assert "Toy: 1 row" in capsys.readouterr().out
+    assert json.loads(out.read_text())["toy"] == [{"what": "toy", "repeat": 3}]
+    assert seen[0].quick is True and seen[0].device == torch.device("cpu")
+    with pytest.raises(SystemExit):
+        main(["bench", "--only", "toy2"])
+    assert "toy" in capsys.readouterr().err  # the choices the error lists come from the registry

@@ -58,28 +58,21 @@ def run_bench(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available on this machine")
-    from .benchmarks import attention, biases, crossover, peers, presets, remaps, rope, serving, targets
+    from .benchmarks import presets, targets
+    from .benchmarks.registry import BENCHMARKS, Context
 
     preset = presets.preset(device, args.quick)
-    bias_lengths = preset.bias_lengths if args.only in ("bias", "remap") else preset.bias_default_lengths
+    chosen = BENCHMARKS.get(args.only)
+    full = chosen is not None and chosen.full_lengths
+    lengths = preset.bias_lengths if full else preset.bias_default_lengths
+    context = Context(preset, device, bool(args.quick), args.repeat, lengths)
     result = {"device": device.type, "quick": bool(args.quick), "machine": _machine(device)}
     print(_summary(result["machine"]))
-    parts = {
-        "rope": (lambda: rope.run(preset, device, args.repeat), rope.rope_table),
-        "serving": (lambda: serving.run(device, args.quick, args.repeat), serving.serving_table),
-        "attention": (lambda: attention.run(preset, device, args.repeat), attention.attention_table),
-        "bias": (lambda: biases.run(preset, device, args.repeat, bias_lengths), biases.bias_table),
-        "remap": (lambda: remaps.run(preset, device, args.repeat, bias_lengths), remaps.remap_table),
-        "peers": (lambda: peers.run(args.quick, args.repeat), peers.peers_table),
-        "crossover": (lambda: crossover.run(args.quick, args.repeat), crossover.crossover_table),
-    }
-    for name, (run, table) in parts.items():
-        # the peers compile transformers for every shape and dtype, the crossover times every bias at
-        # many shapes: minutes each, so only when asked for
-        asked = args.only == name or (args.only is None and name not in ("peers", "crossover"))
-        result[name] = run() if asked else []
+    for name, bench in BENCHMARKS.items():
+        asked = args.only == name or (args.only is None and bench.by_default)
+        result[name] = bench.rows(context) if asked else []
         if result[name]:
-            print(table(result[name]) + "\n", flush=True)
+            print(bench.format(result[name]) + "\n", flush=True)
     result["machine"]["load_average_after"] = os.getloadavg()
     # The targets are about the full CPU shapes; --quick is a smoke test of the machinery.
     full_cpu = device.type == "cpu" and not args.quick
@@ -115,16 +108,16 @@ def add_commands(subparsers) -> None:
     )
     p.add_argument("--quick", action="store_true", help="tiny shapes, a few seconds: a smoke test")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON")
+    from .benchmarks.registry import BENCHMARKS
+
     p.add_argument(
         "--only",
-        choices=("rope", "serving", "attention", "bias", "remap", "peers", "crossover"),
-        help="run one part only (serving: decode/prefill; bias: every score bias at L = 2048, 8192 and "
-        "16384, forward and forward+backward, with its targets; remap: SelfExtend, ReRoPE, leaky ReRoPE and "
-        "STRING at the same lengths against RoPE attention; a plain CPU run does L = 2048 only; peers: RoPE "
-        "against transformers eager and compiled and the other RoPE libraries installed, every layout and "
-        "dtype, forward and forward+backward, CPU only and only when asked for; crossover: every table and "
-        "tile bias materialised against its blocked kernel at short and middle lengths, the lab's shape and "
-        "a model's, only when asked for)",
+        choices=tuple(BENCHMARKS),
+        help="run one part only: "
+        + "; ".join(
+            f"{b.name}: {b.help}" + ("" if b.by_default else " (only when asked for)")
+            for b in BENCHMARKS.values()
+        ),
     )
     p.add_argument(
         "--repeat",
