@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from posenc.extension import METHODS
 from posenc.lab import defaults as D
 from posenc.lab.checks import check_choice, check_choices, check_int, check_lengths, check_mix, check_number
 from posenc.lab.encodings import ENCODINGS, EXTENSIONS, build, expand_schemes, lookup
@@ -111,7 +112,9 @@ class TrainConfig:
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
 PROTOCOLS = ("windows", "sliding", "past")
-COMPARE_EXTENSIONS = ("pi", "ntk", "yarn", "bca", "temp")
+# the lab's RoPE extensions of static frequencies (posenc.extension.METHODS; dynamic NTK's schedule grows with
+# the sequence, evaluated when asked) and the lab's own two, blockwise causal attention and the temperature
+COMPARE_EXTENSIONS = (*(n for n, m in METHODS.items() if m.lab and not m.length_dependent), "bca", "temp")
 
 
 @dataclass(frozen=True)
