@@ -391,7 +391,7 @@ def test_narrow_and_complex_handouts_are_reproduced(name):
     """GPT-OSS, DeepSeek-V2 and CodeGen were accepted and crashed at the first forward, then refused: their
     rotary modules hand out half-width (cos, sin), e^(i angle), or (sin, cos). posenc now hands out each in
     its own form, checked against the module's own before patching."""
-    from posenc.hf.zoo import _sabotage
+    from posenc.tools.zoo import _sabotage
 
     cfg_cls, model_cls, kwargs = NARROW_AND_COMPLEX[name]
     torch.manual_seed(0)
@@ -408,7 +408,7 @@ def test_narrow_and_complex_handouts_are_reproduced(name):
 def test_glm4v_m_rope_is_applied_with_three_differing_axes():
     """GLM-4V was accepted and crashed at the first forward (its rotary module reads (3, batch, seq) M-RoPE
     position ids), then refused; it now takes Qwen2-VL's contiguous sections over its partial rotary."""
-    from posenc.hf.zoo import _axis_positions, _sabotage
+    from posenc.tools.zoo import _axis_positions, _sabotage
 
     rope = {
         "rope_type": "default",
@@ -432,7 +432,7 @@ def test_m_rope_families_outside_the_plans_are_refused_when_patched():
     """HunYuan-VL's language model reads XD-RoPE position ids of four axes, and its two halves of a pair
     can turn by different axes' angles (no rotation per pair); patch_model refuses it before patching
     anything."""
-    from posenc.hf import zoo
+    from posenc.tools import zoo
 
     model = zoo._model_class("hunyuan_vl_text")(zoo.tiny_config("hunyuan_vl_text"))
     with pytest.raises(ValueError, match="takes M-RoPE position ids of several axes.*'hunyuan_vl_text'"):
@@ -443,7 +443,7 @@ def test_m_rope_families_outside_the_plans_are_refused_when_patched():
 def test_a_rotary_module_with_one_rope_per_layer_type_gets_one_per_type_and_unpatches():
     """OLMo 3's rotary module keeps a RoPE per layer type (forward(x, position_ids, layer_type)); it was
     refused as an unknown hand-out. Sliding layers at base 1e4, full ones at 5e5 with YaRN."""
-    from posenc.hf.zoo import _sabotage
+    from posenc.tools.zoo import _sabotage
 
     config = transformers.Olmo3Config(
         **{**COMMON, "num_hidden_layers": 4},
@@ -486,7 +486,7 @@ def test_a_query_temperature_the_model_applies_itself_stays_with_it():
     """Ministral 3 scales queries by 1 + beta ln(1 + floor(p / L0)) in its attention code, from the position
     ids; patch_model gives the cos/sin and leaves that to the model (it was refused for the unknown key).
     rotary_from_config still refuses the key: a RotaryEmbedding alone cannot carry a temperature."""
-    from posenc.hf.zoo import _sabotage
+    from posenc.tools.zoo import _sabotage
 
     rope = {
         "rope_type": "yarn",

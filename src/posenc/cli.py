@@ -21,7 +21,7 @@ _COMMAND_MODULES = (
     "posenc.tools.bench",  # posenc bench
     "posenc.lab.arguments",  # posenc train / eval / sample / compare
     "posenc.real.commands",  # posenc extend
-    "posenc.hf.zoo",  # posenc zoo
+    "posenc.tools.zoo",  # posenc zoo
 )
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from posenc.hf import patch_model, position_plan, rotary_from_config, unpatch_model
 from posenc.hf.families import family
-from posenc.hf.zoo import _model_class, scaled, tiny_config
+from posenc.tools.zoo import _model_class, scaled, tiny_config
 
 YARN = {
     "rope_type": "yarn",

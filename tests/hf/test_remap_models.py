@@ -237,7 +237,7 @@ def test_a_family_whose_cache_positions_the_remap_cannot_follow_is_refused_befor
     call's tokens from 0, cache or not, so its decoding steps hand the rotary module position 0; the remap
     needs the keys' true positions. The replica check decodes two tokens from a cache and refuses, leaving
     the model as it was."""
-    from posenc.hf import zoo
+    from posenc.tools import zoo
 
     model = zoo._model_class("bamba")(zoo.tiny_config("bamba")).eval()
     with pytest.raises(ValueError, match="cannot decode bamba from its cache"):

@@ -39,7 +39,7 @@ WORK = (
     ("posenc.lab.model", "GPT.generate"),
     ("posenc.real.extend", "run_extend"),
     ("posenc.real.loader", "load_real_model"),
-    ("posenc.hf.zoo", "sweep"),
+    ("posenc.tools.zoo", "sweep"),
     ("posenc.tools.tour", "run_claims"),
     ("posenc.tools.benchmarks.presets", "preset"),
     ("posenc.tools.plot", "plot_frequencies"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc.hf.zoo import BEGIN, END
 from posenc.tools import latest
+from posenc.tools.zoo import BEGIN, END
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = ROOT / "requirements" / "pinned.txt"

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="a folder for the report and its files")
     parser.add_argument("--pytest-args", default="-q -n 2", help="how to run the suite (default: -q -n 2)")
     args = parser.parse_args(argv)
-    from ..hf.zoo import BEGIN, END
+    from .zoo import BEGIN, END
 
     for name, path in (("--pinned", args.pinned), ("--docs", args.docs)):
         if not path.is_file():

@@ -26,7 +26,7 @@ Where the model patches exactly, it is patched again with ``remap=`` (SelfExtend
 distance as it is, through the remap kernels) and classified the same way (``ZooResult.remap``).
 ``posenc zoo --scaling`` runs the sweep under each of :func:`scalings` instead.
 
-``posenc zoo`` runs the sweep and writes its table into docs/models.md; ``tests/hf/test_zoo.py`` runs it
+``posenc zoo`` runs the sweep and writes its table into docs/models.md; ``tests/tools/test_zoo.py`` runs it
 for every model type and fails on any failure or on a table row that says otherwise.
 """
 
@@ -44,9 +44,9 @@ from pathlib import Path
 
 import torch
 
-from .replica import decoded, output_of
-from .source import modeling_source
-from .tiny import MAX_PARAMETERS, shrunk
+from posenc.hf.replica import decoded, output_of
+from posenc.hf.source import modeling_source
+from posenc.hf.tiny import MAX_PARAMETERS, shrunk
 
 __all__ = [
     "FAILURES",
@@ -222,7 +222,7 @@ def scaled(config, scaling: dict):
 def check(model_type: str, scaling: dict | None = None) -> ZooResult:
     """Build ``model_type`` tiny (with ``scaling`` over its RoPE parameters, see :func:`scaled`), patch it
     and classify it (see the module docstring)."""
-    from . import patch_model
+    from posenc.hf import patch_model
 
     built = _build(model_type, scaling)
     if isinstance(built, ZooResult):
@@ -289,7 +289,7 @@ def _unzeroed(model):
 def _unpatched(model, config, ids) -> tuple[tuple, list]:
     """The positions checked (offset 0, a far offset, and three differing M-RoPE axes where the model takes
     them) and the model's own logits at each."""
-    from .handout import takes_axis_positions
+    from posenc.hf.handout import takes_axis_positions
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     far = max(0, min(FAR, (getattr(text, "max_position_embeddings", None) or 2 * FAR) - 2 * LENGTH))
@@ -329,9 +329,8 @@ def _classify(model_type: str, model, ids, patched, unpatched, shows: float) -> 
 def _remap_outcome(model, ids, want, want_decoded, tol: float) -> tuple[str, str]:
     """``patch_model(model, remap=)`` with SelfExtend in groups of one (every distance as it is, through
     two views) against the unpatched logits and cached decoding: exact, refused, or a failure."""
+    from posenc.hf import patch_model, unpatch_model
     from posenc.remap import SelfExtend
-
-    from . import patch_model, unpatch_model
 
     unpatch_model(model)
     _sabotage(model)  # a rotary module the remap path left alone would show
@@ -363,7 +362,7 @@ def scalings() -> dict[str, dict]:
     rope_type, at factor 4; the trained length a method takes is each config's max_position_embeddings."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from ..extension import METHODS
+    from posenc.extension import METHODS
 
     return {
         m.rope_type: m.scaling(4.0, "max_position_embeddings")
@@ -485,7 +484,7 @@ def _chosen_types(text: str | None) -> list[str] | None:
 def _command(args) -> int:
     import json
 
-    from ..cli import check_output_file
+    from posenc.cli import check_output_file
 
     # every argument checked before the sweep, which takes minutes
     chosen = _chosen_types(args.types)
@@ -539,7 +538,7 @@ def _scaling_command(chosen, quiet: bool, width: int) -> int:
 
 def add_commands(subparsers) -> None:
     """Add ``posenc zoo``."""
-    from ..cli import HelpFormatter, guarded
+    from posenc.cli import HelpFormatter, guarded
 
     zoo = subparsers.add_parser(
         "zoo",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc.hf
-from posenc.hf import zoo
+from posenc.tools import zoo
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 TYPES = zoo.rope_model_types()
