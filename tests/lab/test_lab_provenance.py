@@ -10,6 +10,7 @@ import torch
 import posenc
 import posenc.lab.provenance as prov
 from posenc.lab.data import Corpus
+from posenc.runs.provenance import git_revision
 
 
 def test_corpus_fingerprint_is_the_sha256_of_each_split(tmp_path):
@@ -51,11 +52,11 @@ def test_git_revision_reads_the_checkout_and_whether_it_has_changes(tmp_path):
     _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
     head = (tmp_path / ".git" / "HEAD").read_text().split()[-1]  # "ref: refs/heads/<branch>"
     commit = (tmp_path / ".git" / head).read_text().strip()
-    assert prov.git_revision(tmp_path) == {"commit": commit, "dirty": False}
+    assert git_revision(tmp_path) == {"commit": commit, "dirty": False}
     (tmp_path / "a.txt").write_text("two")
-    assert prov.git_revision(tmp_path) == {"commit": commit, "dirty": True}
+    assert git_revision(tmp_path) == {"commit": commit, "dirty": True}
     (tmp_path / "outside").mkdir()
-    assert prov.git_revision(tmp_path.parent / "no-such-dir") is None
+    assert git_revision(tmp_path.parent / "no-such-dir") is None
 
 
 def test_provenance_names_versions_device_settings_and_corpus(tmp_path):

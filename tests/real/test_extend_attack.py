@@ -15,9 +15,10 @@ import torch
 from posenc import reference
 from posenc.cli import main
 from posenc.real import extend, loader, report
-from posenc.real.extend import ExtendSettings, check_methods, measured_peak, resolve
+from posenc.real.extend import ExtendSettings, check_methods, resolve
 from posenc.real.methods import EXTEND_METHODS, method_remap, method_rotary
 from posenc.real.scoring import Scorer
+from posenc.runs.memory import measured_peak
 
 from .conftest import save_tiny_model
 

@@ -12,7 +12,8 @@ import torch
 
 import posenc
 from posenc.cli import main
-from posenc.tools.benchmarks import attention, biases, memory, remaps, rope
+from posenc.runs import memory
+from posenc.tools.benchmarks import attention, biases, remaps, rope
 from posenc.tools.benchmarks.presets import PRESETS
 from posenc.tools.benchmarks.targets import targets, targets_table
 

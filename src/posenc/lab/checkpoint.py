@@ -31,6 +31,7 @@ from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.errors import CheckpointError
 from posenc.lab.model import GPT
 from posenc.lab.runtime import check_device
+from posenc.runs.files import fsync_dir, write_text_atomic
 
 _FILES = ("model.safetensors", "optimizer.pt", "state.json")
 
@@ -46,31 +47,6 @@ def _sha256(path: Path) -> str:
 def _fsync_file(path: Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old or the new content, never a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 def checkpoint_root(out_dir: str | os.PathLike) -> Path:
@@ -113,7 +89,7 @@ def save_checkpoint(
         if final.exists():  # the same step saved twice (e.g. a resumed run's final save)
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -47,7 +47,6 @@ from posenc.lab.checkpoint import (
     latest_checkpoint,
     load_model,
     run_state,
-    write_text_atomic,
 )
 from posenc.lab.checks import check_int
 from posenc.lab.config import Settings
@@ -61,6 +60,7 @@ from posenc.lab.report import write_reports
 from posenc.lab.runtime import check_device, exit_with_parent, worker_init
 from posenc.lab.stats import combine_seeds
 from posenc.lab.train import compile_backend, train
+from posenc.runs.files import write_text_atomic
 
 __all__ = ["CompareResult", "run_compare"]
 

@@ -14,19 +14,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posenc.lab.checkpoint import write_text_atomic
 from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
 from posenc.lab.figure import extrapolation_figure, save_figure
 from posenc.lab.measures import BY_LENGTH, measured
 from posenc.lab.recipes import RECIPES
 from posenc.lab.stats import pooled_wilson
+from posenc.runs.files import write_text_atomic
+from posenc.runs.tables import grid_table
 
 __all__ = [
     "copy_table",
     "extrapolation_figure",
     "gain_table",
-    "grid_table",
     "markdown_table",
     "passkey_table",
     "past_table",
@@ -55,14 +55,6 @@ def _cell(row: dict, name: str, n: int, digits: int = 2) -> str:
     if value is None or sd is None:
         return _fmt(value, digits)
     return f"{value:.{digits}f} ± {sd:.{digits}f}"
-
-
-def grid_table(head: list[str], rows: list[list[str]], text_columns: int) -> str:
-    """A markdown table: the first column and the last ``text_columns - 1`` left-aligned, numbers right."""
-    numbers = len(head) - text_columns
-    align = ["---"] + ["---:"] * numbers + ["---"] * (text_columns - 1)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(cells) + " |" for cells in rows])
 
 
 def _length_head(n: int, train_len: int, what: str = "ppl") -> str:

@@ -24,22 +24,16 @@ Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import time
-import weakref
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-from posenc.lab.checkpoint import write_text_atomic
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
 from posenc.real.loader import RealModel
 from posenc.real.methods import (
@@ -53,7 +47,8 @@ from posenc.real.methods import (
 )
 from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.scoring import Scorer, window_stats
-from posenc.tools.benchmarks.memory import peak_meter
+from posenc.runs.files import write_text_atomic
+from posenc.runs.memory import measured_peak
 
 __all__ = [
     "ExtendResult",
@@ -61,7 +56,6 @@ __all__ = [
     "Plan",
     "check_methods",
     "check_settings",
-    "measured_peak",
     "resolve",
     "run_extend",
 ]
@@ -278,53 +272,6 @@ def _jobs(plan: Plan, length: int, windows: list, docs: list, start: list[int], 
     return jobs
 
 
-class _LiveTensorBytes(TorchDispatchMode):
-    """Every tensor storage that an operator creates while active, counted until it is freed: the peak of
-    the bytes alive at once (``peak``). Storages made before (weights, inputs) are not counted."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.now = self.peak = 0
-
-    def _freed(self, key: int) -> None:
-        self.now -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = id(storage), storage.nbytes()
-            if key not in self.live:
-                self.live[key] = 0
-                weakref.finalize(storage, self._freed, key)  # torch keeps one Python object per storage
-            if nbytes > self.live[key]:  # new, or resized in place (an out= argument grown)
-                self.now += nbytes - self.live[key]
-                self.live[key] = nbytes
-        self.peak = max(self.peak, self.now)
-        return out
-
-
-@contextlib.contextmanager
-def measured_peak(device: torch.device) -> Iterator[Callable[[], int]]:
-    """The peak bytes the work inside the block added, read from the function yielded once it is done.
-
-    CUDA: ``torch.cuda.max_memory_allocated`` above what was allocated at the start. CPU: the peak of the
-    bytes of the tensor storages created in the block and alive at once, each operator's outputs counted
-    as it returns them and freed when torch frees them; the same work gives the same figure whatever the
-    allocator kept from earlier work (the resident set's growth does not: freed memory the allocator
-    reuses never shows). Scratch memory a kernel takes and returns inside one operator is not seen.
-    """
-    if device.type == "cuda":
-        meter = peak_meter(device)
-        yield meter
-        return
-    with _LiveTensorBytes() as counter:
-        yield lambda: counter.peak
-
-
 def _run_job(scorer: Scorer, job: _Job, plan: Plan, device: torch.device, tokenizer) -> dict:
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
@@ -521,8 +468,8 @@ def _fill_passkey(row: dict, key: str, keys: list) -> None:
 def _payload(
     info: dict, plan: Plan, settings: ExtendSettings, windows, docs, rows: list[dict], chat: bool
 ) -> dict:
-    from posenc.lab.provenance import environment
     from posenc.real.passkey import KEY_DIGITS
+    from posenc.runs.provenance import environment
 
     versions = {}
     for name in ("transformers", "tokenizers", "gguf", "accelerate"):

@@ -22,8 +22,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posenc.lab.checkpoint import write_text_atomic
-from posenc.lab.report import grid_table, save_figure
+from posenc.lab.report import save_figure
+from posenc.runs.files import write_text_atomic
+from posenc.runs.tables import grid_table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.attention import alibi_backend
+from posenc.runs import memory
 
-from . import memory
 from .presets import Preset
 from .report import Column, number, table
 from .timing import interleaved_times

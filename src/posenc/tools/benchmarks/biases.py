@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.attention import bias_backend
+from posenc.runs import memory
 
-from . import memory
 from .attention import answer_parent, attend, in_child, materialised_bytes, materialised_fits, random_qkv
 from .presets import Preset
 from .report import Column, number, table
