@@ -1,10 +1,10 @@
 """Memory a benchmark may use, and the peak that work added, on the CPU or a CUDA device.
 
-:func:`peak_meter` (the benchmarks): CUDA: ``torch.cuda.max_memory_allocated`` after a reset of the peak statistics, exact per allocation.
-CPU: the allocator keeps no per-call peak, so the process's resident-set high-water mark is used: reset
-it (``VmHWM``, by writing 5 to ``/proc/self/clear_refs``, Linux >= 4.0) and read ``VmHWM`` minus the
-resident set at the reset. Where the reset is not allowed it falls back to the rise of ``ru_maxrss``,
-which cannot see below the high-water mark reached before (imports, inputs).
+:func:`peak_meter` (the benchmarks): CUDA: ``torch.cuda.max_memory_allocated`` after a reset of the peak
+statistics, exact per allocation. CPU: the allocator keeps no per-call peak, so the process's resident-set
+high-water mark is used: reset it (``VmHWM``, by writing 5 to ``/proc/self/clear_refs``, Linux >= 4.0) and
+read ``VmHWM`` minus the resident set at the reset. Where the reset is not allowed it falls back to the rise
+of ``ru_maxrss``, which cannot see below the high-water mark reached before (imports, inputs).
 
 :func:`measured_peak` (``posenc extend``'s cells): on the CPU, the peak of the bytes of the tensor storages
 the work creates and keeps alive at once, counted as operators return them, so the same work measures the
