@@ -10,13 +10,13 @@ one :class:`ExtensionMethod` here (register it with :func:`register`), and all o
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import _checks
 from .remap import STRING, DualChunk, Remap, ReRoPE, SelfExtend
 
-__all__ = ["METHODS", "TRAINED", "ExtensionMethod", "extension_scaling", "get", "register"]
+__all__ = ["METHODS", "TRAINED", "ExtensionMethod", "MethodNames", "extension_scaling", "get", "register"]
 
 # In a method's ``scaling_keys``: the trained length N (``original_max_position_embeddings``).
 TRAINED = "trained length"
@@ -74,6 +74,41 @@ class ExtensionMethod:
 
 METHODS: dict[str, ExtensionMethod] = {}
 """Every method by its short name, in the order tables list them."""
+
+
+class MethodNames(Sequence):
+    """The names of the registered methods that ``keep(method)`` selects, read from :data:`METHODS` on every
+    use: a view, so that a method registered after import (a user's own) is in it too.
+
+    ``MethodNames(lambda m: m.lab)`` is the laboratory's methods; it compares equal to the tuple of its
+    current names."""
+
+    def __init__(self, keep: Callable[[ExtensionMethod], bool]):
+        self._keep = keep
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(name for name, method in METHODS.items() if self._keep(method))
+
+    def __getitem__(self, index):
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __contains__(self, name) -> bool:
+        return name in METHODS and self._keep(METHODS[name])
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._names())
+
+    def __repr__(self) -> str:
+        return f"MethodNames{self._names()!r}"
 
 
 def register(method: ExtensionMethod) -> ExtensionMethod:

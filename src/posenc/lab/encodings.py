@@ -27,7 +27,7 @@ import functools
 import importlib
 import importlib.util
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from typing import Protocol
 import torch
 
 import posenc
+from posenc.extension import MethodNames
 from posenc.lab.checks import check_choice
 from posenc.lab.encoding import Encoding, KeyTerm, QueryScale, QueryTerm, floored_log_length
 from posenc.lab.errors import LabError
@@ -72,7 +73,7 @@ class Scheme:
 
     name: str
     build: Callable[[GPTConfig], Encoding]
-    extensions: tuple[str, ...] = ()
+    extensions: Sequence[str] = ()
     pairs: str | None = None
     recipes: tuple[str, ...] = ()
 
@@ -115,8 +116,10 @@ def register_encoding(
             f"extensions={list(extensions)!r}: unknown {unknown}; allowed: {', '.join(EXTENSIONS)}"
         )
 
+    kept = extensions if isinstance(extensions, MethodNames) else tuple(extensions)  # a view stays live
+
     def wrap(fn):
-        ENCODINGS[name] = Scheme(name, fn, tuple(extensions), pairs, tuple(recipes))
+        ENCODINGS[name] = Scheme(name, fn, kept, pairs, tuple(recipes))
         return fn
 
     return wrap

@@ -26,21 +26,51 @@ find NoPE's attention spreads out past L and tune one temperature; log-length sc
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import replace
 
 import posenc
-from posenc.extension import METHODS, extension_scaling
+from posenc.extension import MethodNames, extension_scaling
 from posenc.lab.encoding import Encoding
 from posenc.lab.errors import LabError
 
 __all__ = ["EXTENSIONS", "ROPE_EXTENSIONS", "register_extension", "rescaled_rotary"]
 
-# RoPE's methods that the laboratory evaluates, by their short names (posenc.extension.METHODS)
-ROPE_EXTENSIONS: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.lab)
+# RoPE's methods that the laboratory evaluates, by their short names: a view of posenc.extension.METHODS, so
+# that a method registered there later (lab=True) is an extension of every RoPE model here too
+ROPE_EXTENSIONS: Sequence[str] = MethodNames(lambda m: m.lab)
 
 Extension = Callable[[Encoding, float, int], Encoding]
-EXTENSIONS: dict[str, Extension] = {}
+
+
+class _Extensions(MutableMapping):
+    """name -> extension: RoPE's methods of the registry (:data:`ROPE_EXTENSIONS`, made on lookup), then the
+    laboratory's own (:func:`register_extension`), which may also replace one of RoPE's."""
+
+    def __init__(self):
+        self._own: dict[str, Extension] = {}
+
+    def __getitem__(self, name: str) -> Extension:
+        if name in self._own:
+            return self._own[name]
+        if name in ROPE_EXTENSIONS:
+            return _rope_method(name)
+        raise KeyError(name)
+
+    def __setitem__(self, name: str, fn: Extension) -> None:
+        self._own[name] = fn
+
+    def __delitem__(self, name: str) -> None:
+        del self._own[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*ROPE_EXTENSIONS, *(n for n in self._own if n not in ROPE_EXTENSIONS)))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+EXTENSIONS: MutableMapping[str, Extension] = _Extensions()
 
 
 def register_extension(name: str):
@@ -80,10 +110,6 @@ def _rope_method(method: str) -> Extension:
     extend.__name__ = extend.__qualname__ = f"rope_{method}"
     extend.__doc__ = f"RoPE with the {method!r} frequencies (:func:`posenc.extension.extension_scaling`)."
     return extend
-
-
-for _method in ROPE_EXTENSIONS:
-    register_extension(_method)(_rope_method(_method))
 
 
 @register_extension("bca")

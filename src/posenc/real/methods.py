@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from posenc.extension import METHODS, extension_scaling
+from posenc.extension import METHODS, MethodNames, extension_scaling
 from posenc.hf import patch_model, rope_settings, text_config, unpatch_model
 from posenc.hf.layers import ADAPTERS
 from posenc.remap import Remap
@@ -33,13 +33,26 @@ __all__ = [
     "trained_length",
 ]
 
-# name -> what it does, with its source: "none" (the model as its config describes it) and every method of
-# the registry (posenc.extension.METHODS)
-EXTEND_METHODS: dict[str, str] = {
-    "none": "the model as trained: its config's RoPE, no extension",
-    **{name: m.summary for name, m in METHODS.items()},
-}
-REMAP_METHODS = tuple(name for name, m in METHODS.items() if m.kind == "remap")
+NONE_SUMMARY = "the model as trained: its config's RoPE, no extension"
+
+
+class _Summaries(Mapping):
+    """name -> what it does, with its source: "none" (the model as its config describes it) and every method
+    of the registry (:data:`posenc.extension.METHODS`), read from it on every use, so that a method
+    registered later is one of ``posenc extend``'s too."""
+
+    def __getitem__(self, name: str) -> str:
+        return NONE_SUMMARY if name == "none" else METHODS[name].summary
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(("none", *METHODS))
+
+    def __len__(self) -> int:
+        return 1 + len(METHODS)
+
+
+EXTEND_METHODS: Mapping[str, str] = _Summaries()
+REMAP_METHODS = MethodNames(lambda m: m.kind == "remap")
 
 
 def _get(config, name: str):

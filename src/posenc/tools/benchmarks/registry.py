@@ -1,6 +1,7 @@
 """The benchmarks ``posenc bench`` runs: one :class:`Benchmark` record each, from which its ``--only``
 choices and help are made. A new benchmark is a module of :mod:`posenc.tools.benchmarks` with a
-``run`` and a table, and one record here.
+``run`` and a table, and one record here (or, outside posenc, a module of one's own and a record added to
+:data:`BENCHMARKS` before the command line is built).
 
 A record names its module rather than importing it, so that building the command line imports no torch.
 """
@@ -33,7 +34,7 @@ class Benchmark:
     Args:
         name: its ``--only`` choice and its key in the JSON.
         help: what it measures (the ``--only`` help).
-        module: its module in :mod:`posenc.tools.benchmarks`.
+        module: its module: a name in :mod:`posenc.tools.benchmarks`, or a dotted import path (a user's own).
         run: ``(module, context) -> rows``.
         table: the module's function that prints the rows.
         by_default: part of a plain ``posenc bench`` (else only with ``--only``: minutes each).
@@ -55,7 +56,7 @@ class Benchmark:
         return getattr(self._module(), self.table)(rows)
 
     def _module(self):
-        return importlib.import_module(f"{__package__}.{self.module}")
+        return importlib.import_module(self.module if "." in self.module else f"{__package__}.{self.module}")
 
 
 BENCHMARKS: dict[str, Benchmark] = {
