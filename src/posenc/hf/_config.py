@@ -81,9 +81,9 @@ def rope_settings(config, *, read_elsewhere: Collection[str] = ()) -> dict:
     )
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
-    if model_type == "phi3" and rope_type in ("su", "yarn"):
-        rope_type = "longrope"  # Phi3Config renames these, as transformers does
-    if family(model_type).ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
+    known = family(model_type)
+    rope_type = dict(known.rope_type_aliases).get(rope_type, rope_type)  # as the config class renames it
+    if known.ntk_alpha and rope_type == "dynamic" and params.get("alpha"):
         # HunYuan's checkpoints label static NTK "dynamic"; its code reads alpha and ignores the factor
         rope_type, params = "ntk", {"factor": params["alpha"]}
     if rope_type in ("llama3", "yarn", "longrope"):
@@ -93,7 +93,7 @@ def rope_settings(config, *, read_elsewhere: Collection[str] = ()) -> dict:
         elif params.get("original_max_position_embeddings") is None:
             params["original_max_position_embeddings"] = max_pos
 
-    rotary_dim = config_value(config, "rotary_dim") if model_type in ("gptj", "codegen") else None
+    rotary_dim = config_value(config, known.rotary_width) if known.rotary_width else None
     if rotary_dim is None and rope_type != "proportional":
         rotary_dim = int(head_dim * prf)
     return {

@@ -71,6 +71,9 @@ class Family:
         ``llama_4_scaling_beta`` and L0 the ``original_max_position_embeddings`` of ``rope_parameters``.
     ntk_alpha: its rotary module reads a "dynamic" ``rope_parameters`` with ``alpha`` as static NTK, base
         times alpha^(d/(d-2)) (HunYuan).
+    rope_type_aliases: ``rope_type`` names its config class renames (Phi-3's "su" and "yarn" are LongRoPE).
+    rotary_width: the config key giving the rotary width in dimensions (GPT-J's ``rotary_dim``), read
+        instead of a fraction of the head.
     """
 
     model_type: str
@@ -84,6 +87,8 @@ class Family:
     mla: str | None = None
     length_temperature: bool = False
     ntk_alpha: bool = False
+    rope_type_aliases: tuple[tuple[str, str], ...] = ()
+    rotary_width: str | None = None
 
 
 def _mrope(
@@ -109,9 +114,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2", rope_implied=True, patched=True),
     Family("gemma", rope_implied=True),
     Family("gpt_neox", rope_implied=True, patched=True),
-    Family("phi3", rope_implied=True, patched=True),
-    Family("gptj", pairs=True, rope_implied=True, patched=True),
-    Family("codegen", pairs=True),
+    Family(
+        "phi3", rope_implied=True, patched=True, rope_type_aliases=(("su", "longrope"), ("yarn", "longrope"))
+    ),
+    Family("gptj", pairs=True, rope_implied=True, patched=True, rotary_width="rotary_dim"),
+    Family("codegen", pairs=True, rotary_width="rotary_dim"),
     Family("cohere", pairs=True, patched=True),
     Family("cohere2_moe", pairs=True, patched=True),
     Family("blt", pairs=True),
