@@ -16,7 +16,8 @@ from posenc.cli import main
 from posenc.lab.config import PRESETS
 from posenc.lab.data import load_corpus
 from posenc.lab.encodings import ENCODINGS, extensions_for
-from posenc.lab.report import extrapolation_figure, save_figure
+from posenc.lab.report import extrapolation_figure
+from posenc.runs.figures import save_figure
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,8 +5,6 @@ accuracy when it was measured, one line per scheme, from the content of results.
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc.lab.stats import pooled_wilson
@@ -14,7 +12,7 @@ from posenc.lab.stats import pooled_wilson
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["extrapolation_figure", "save_figure"]
+__all__ = ["extrapolation_figure"]
 
 
 def _points(r: dict, name: str) -> tuple[list[int], list[float], list[float]]:
@@ -53,7 +51,7 @@ def extrapolation_figure(payload: dict) -> Figure:
     trials = payload.get("passkey_trials") or 0
     names = ["ppl", "gain"] + (["passkey"] if trials and any(_points(r, "passkey")[0] for r in rows) else [])
     legend_rows = math.ceil((len(rows) + 1) / 6)
-    fig = Figure(figsize=(6 * len(names), 4.5 + 0.22 * legend_rows))
+    fig = Figure(figsize=(6 * len(names), 4.5 + 0.22 * legend_rows), dpi=120)
     panels = dict(zip(names, fig.subplots(1, len(names)), strict=True))
     _draw_rows(panels, rows, trials)
     _label_panels(panels, payload["train_len"])
@@ -120,10 +118,3 @@ def _label_panels(panels: dict, train_len: int) -> None:
         panel.set_xscale("log", base=2)
         panel.set_xlabel("evaluation length (tokens)")
         panel.grid(True, which="both", alpha=0.3)
-
-
-def save_figure(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as a PNG at 120 dpi, replacing ``path`` atomically."""
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)

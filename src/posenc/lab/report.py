@@ -16,10 +16,11 @@ from pathlib import Path
 
 from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
-from posenc.lab.figure import extrapolation_figure, save_figure
+from posenc.lab.figure import extrapolation_figure
 from posenc.lab.measures import BY_LENGTH, measured
 from posenc.lab.recipes import RECIPES
 from posenc.lab.stats import pooled_wilson
+from posenc.runs.figures import save_figure
 from posenc.runs.files import write_text_atomic
 from posenc.runs.tables import grid_table
 
@@ -32,7 +33,6 @@ __all__ = [
     "past_table",
     "ratio",
     "results_payload",
-    "save_figure",
     "sliding_table",
     "write_reports",
 ]

@@ -15,23 +15,16 @@ import torch
 import torch.distributed as dist
 
 from posenc.lab.errors import LabError
+from posenc.runs import devices as runs_devices
 
 
 def check_device(device: str) -> torch.device:
-    """A torch device from its name, or a clear error when it is malformed or not present."""
+    """A torch device from its name (:func:`posenc.runs.devices.check_device`), a LabError when it is
+    malformed or not present."""
     try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise LabError(f"device={device!r} is not a device; allowed: cpu, cuda, cuda:N") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise LabError(f"device={device!r} is not supported; allowed: cpu, cuda, cuda:N")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LabError(
-            f"device={device!r} was requested but CUDA is not available on this machine; use --device cpu"
-        )
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise LabError(f"device={device!r}: this machine has {torch.cuda.device_count()} cuda device(s)")
-    return dev
+        return runs_devices.check_device(device)
+    except ValueError as e:
+        raise LabError(str(e)) from None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 ``mean_sd`` summarises one cell measured once per seed (sample standard deviation, n - 1 in the
 denominator: the seeds are a sample of the seeds one could have drawn). ``wilson_interval`` is the
 score interval of a binomial proportion (Wilson 1927, JASA 22:209), which stays inside [0, 1] and is
-not degenerate at 0 or n successes, unlike the normal approximation.
+not degenerate at 0 or n successes, unlike the normal approximation; it lives in
+:mod:`posenc.runs.statistics` with the paired statistics ``posenc extend`` reports.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from posenc.lab.checks import check_int, check_number
 from posenc.lab.errors import LabError
 from posenc.lab.measures import MEASURE_NAMES
+from posenc.runs import statistics
+from posenc.runs.statistics import Z95
 
 __all__ = ["combine_seeds", "mean_sd", "pooled_wilson", "wilson_interval"]
 
@@ -30,24 +32,13 @@ def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None]
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
 
 
-def wilson_interval(successes: int, trials: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval ``(low, high)`` of a proportion ``successes / trials``; z = 1.96 gives 95%.
-
-    low, high = (p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), with p = successes / n.
-    """
-    check_int("trials", trials)
-    check_int("successes", successes, minimum=0)
-    if successes > trials:
-        raise LabError(f"successes={successes} must be at most trials={trials}")
-    check_number("z", z, low=0, low_open=True, finite=True)
-    n, p = trials, successes / trials
-    centre = p + z * z / (2 * n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    scale = 1 + z * z / n
-    # The bounds at 0 and n successes are exactly 0 and 1; the formula reaches them up to rounding.
-    low = 0.0 if successes == 0 else max(0.0, (centre - half) / scale)
-    high = 1.0 if successes == trials else min(1.0, (centre + half) / scale)
-    return low, high
+def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """:func:`posenc.runs.statistics.wilson_interval`, its bad input raised as the laboratory's
+    :class:`LabError` (one line from the CLI)."""
+    try:
+        return statistics.wilson_interval(successes, trials, z)
+    except ValueError as error:
+        raise LabError(str(error)) from None
 
 
 def pooled_wilson(row: dict, accuracy: float, trials: int) -> tuple[float, float]:

@@ -13,11 +13,11 @@ __all__ = ["add_commands"]
 @guarded("extend")
 def cmd_extend(args) -> int:
     from posenc.cli import check_matplotlib, check_output_dir
-    from posenc.lab.runtime import check_device
     from posenc.real.corpus import check_corpus
     from posenc.real.extend import ExtendSettings, check_methods, check_settings, resolve, run_extend
     from posenc.real.loader import load_real_model, model_config
     from posenc.real.methods import check_extendable
+    from posenc.runs.devices import check_device
 
     check_output_dir("--out", args.out)
     if not args.no_plot:

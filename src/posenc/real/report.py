@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from posenc.lab.report import save_figure
+from posenc.runs.figures import save_figure
 from posenc.runs.files import write_text_atomic
 from posenc.runs.tables import grid_table
 
@@ -277,7 +277,7 @@ def extend_figure(payload: dict) -> Figure:
     from matplotlib.figure import Figure
 
     rows, L, lengths = payload["results"], payload["train_len"], payload["lengths"]
-    fig = Figure(figsize=(15, 4.6), layout="constrained")
+    fig = Figure(figsize=(15, 4.6), dpi=120, layout="constrained")
     ax_ppl, ax_key, ax_ctx = fig.subplots(1, 3)
     colours = {r["method"]: f"C{i % 10}" for i, r in enumerate(rows)}
     for i, r in enumerate(rows):

@@ -29,6 +29,7 @@ import torch
 
 import posenc
 from posenc.cli import guarded
+from posenc.runs import figures as runs_figures
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -139,11 +140,9 @@ def check_image_path(flag: str, path: str | Path) -> Path:
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` (format from the suffix, ``.png`` appended to a name without one),
-    creating its folder; returns the path of the file written."""
-    path = image_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    creating its folder, atomically (:func:`posenc.runs.figures.save_figure`); returns the path of the file
+    written."""
+    return runs_figures.save_figure(fig, image_path(path))
 
 
 def plot_frequencies(
