@@ -265,10 +265,11 @@ def test_seeds_are_separate_tasks_in_the_worker_pool(monkeypatch, tmp_path):
         def __exit__(self, *exc):
             return False
 
-        def submit(self, fn, scheme, seed, *args):
+        def submit(self, fn, task, *args):  # args: the comparison, the events
             from concurrent.futures import Future
 
-            submitted.append((scheme, seed, args[2] if len(args) == 3 else None))  # (settings, events, ext)
+            scheme, seed = task.scheme, task.seed
+            submitted.append((scheme, seed, task.extension))
             f = Future()
             f.set_result({"scheme": scheme, "seed": seed})
             return f

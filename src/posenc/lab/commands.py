@@ -50,27 +50,12 @@ def _load_checkpoint(args):
 def cmd_train(args) -> int:
     from posenc.lab.checkpoint import latest_checkpoint
     from posenc.lab.config import GPTConfig, TrainConfig
+    from posenc.lab.flags import flag_values
     from posenc.lab.train import train
 
     _check_paths(args, args.out)
-    model_cfg = GPTConfig(
-        encoding=args.encoding,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        d_model=args.d_model,
-        max_len=args.train_len,
-    )
-    train_cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=args.warmup,
-        seed=args.seed,
-        weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip,
-        copy_fraction=args.copy_fraction,
-        passkey_fraction=args.passkey_fraction,
-    )
+    model_cfg = GPTConfig(**flag_values(GPTConfig, args))
+    train_cfg = TrainConfig(**flag_values(TrainConfig, args))
     first_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, one note rather than one per rank
     if args.resume and first_rank and latest_checkpoint(args.out) is None:
         print(
@@ -113,16 +98,17 @@ def cmd_train(args) -> int:
 @guarded("eval")
 def cmd_eval(args) -> int:
     from posenc.cli import check_output_file
-    from posenc.lab.checks import check_choices, check_int
+    from posenc.lab.checks import check_choices
     from posenc.lab.data import load_corpus
+    from posenc.lab.eval_config import EVAL_COMMAND_FLAGS, EvalConfig
     from posenc.lab.evaluate import EXTENSIONS, evaluate
+    from posenc.lab.flags import flag_values
     from posenc.lab.passkey import check_passkey_lengths
-    from posenc.lab.report import gain_table, markdown_table, past_table, sliding_table
 
     _check_paths(args)
     if args.json:
         check_output_file("--json", args.json)
-    check_int("probe_windows", args.probe_windows, minimum=0)
+    measures = EvalConfig(**flag_values(EvalConfig, args, EVAL_COMMAND_FLAGS))  # checked before any work
     if args.passkey_lens:
         check_passkey_lengths(args.passkey_lens, args.passkey_digits, args.passkey_style)
     model, state = _load_checkpoint(args)
@@ -137,11 +123,11 @@ def cmd_eval(args) -> int:
         data.val,
         lens,
         train_len=train_len,
-        max_tokens=args.eval_tokens,
+        max_tokens=measures.eval_tokens,
         extensions=exts,
-        protocols=("windows", "sliding", "past"),
-        sliding_tokens=args.sliding_tokens,
-        probe_windows=args.probe_windows,
+        protocols=measures.protocols,
+        sliding_tokens=measures.sliding_tokens,
+        probe_windows=measures.probe_windows,
     )
     dict_rows = [r.to_dict() for r in rows]
     report = {
@@ -150,19 +136,7 @@ def cmd_eval(args) -> int:
         "eval_lens": sorted(lens),
         "results": dict_rows,
     }
-    print(markdown_table(dict_rows, sorted(lens), train_len))
-    n, L = sorted(lens), train_len
-    gain = gain_table(dict_rows, n, L) if args.probe_windows else ""
-    for title, table in (
-        ("positions past the training length only", past_table(dict_rows, n, L)),
-        (
-            f"sliding protocol: stride {L}, the last {L} tokens of each window scored",
-            sliding_table(dict_rows, n, L),
-        ),
-        (f"far-context gain: ppl(last {L} tokens as context) / ppl(whole window)", gain),
-    ):
-        if table:
-            print(f"\n{title}:\n{table}")
+    _print_tables(dict_rows, sorted(lens), train_len, gain=bool(measures.probe_windows))
     if args.passkey_lens:
         report["passkey"] = _passkey(model, args, exts, data.val)
     if args.json:
@@ -170,6 +144,26 @@ def cmd_eval(args) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _print_tables(dict_rows: list[dict], n: list[int], L: int, *, gain: bool) -> None:
+    """The windows protocol's table, then those of the past and sliding protocols and the gain probe."""
+    from posenc.lab.report import gain_table, markdown_table, past_table, sliding_table
+
+    print(markdown_table(dict_rows, n, L))
+    for title, table in (
+        ("positions past the training length only", past_table(dict_rows, n, L)),
+        (
+            f"sliding protocol: stride {L}, the last {L} tokens of each window scored",
+            sliding_table(dict_rows, n, L),
+        ),
+        (
+            f"far-context gain: ppl(last {L} tokens as context) / ppl(whole window)",
+            gain_table(dict_rows, n, L) if gain else "",
+        ),
+    ):
+        if table:
+            print(f"\n{title}:\n{table}")
 
 
 def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
@@ -232,8 +226,9 @@ def cmd_sample(args) -> int:
 @guarded("compare")
 def cmd_compare(args) -> int:
     from posenc.lab.compare import run_compare
-    from posenc.lab.config import settings_for
+    from posenc.lab.config import Settings, settings_for
     from posenc.lab.errors import LabError
+    from posenc.lab.flags import flag_values
 
     _check_paths(args, args.out)
     for flag, value in (("--recipes", args.recipes), ("--extend-to", args.extend_to)):
@@ -243,22 +238,7 @@ def cmd_compare(args) -> int:
                 f"{flag} {given} needs --extend-steps K > 0 (the steps each recipe continues a RoPE model); "
                 f"without it no recipe runs"
             )
-    settings = settings_for(
-        args.preset,
-        steps=args.steps,
-        train_len=args.train_len,
-        eval_mults=tuple(args.eval_mults) if args.eval_mults else None,
-        schemes=tuple(args.schemes) if args.schemes is not None else None,  # "," is an empty list
-        seed=args.seed,
-        seeds=args.seeds,
-        protocols=tuple(args.protocol) if args.protocol is not None else None,
-        copy_fraction=args.copy_fraction,
-        passkey_fraction=args.passkey_fraction,
-        passkey_trials=args.passkey_trials,
-        extend_steps=args.extend_steps,
-        extend_to=args.extend_to,
-        recipes=tuple(args.recipes) if args.recipes is not None else None,
-    )
+    settings = settings_for(args.preset, **flag_values(Settings, args))  # None: the preset's
     result = run_compare(
         args.out,
         settings,

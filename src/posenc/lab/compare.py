@@ -18,8 +18,9 @@ Output in ``--out`` (docs/lab.md has the schema):
     models/<scheme>/seed-<s>/   each model's checkpoints and eval rows: a killed compare resumes, skipping
                        finished work
 
-Tasks: one per (scheme, seed) (train it, evaluate it), and one per (scheme, seed, extension) that applies
-(evaluate that trained model with it). They run in worker processes, one thread each on CPU and all at
+Tasks (:class:`posenc.lab.tasks.Task`): one per (scheme, seed) (train it, evaluate it), and its follow-ups,
+one per eval-time extension that applies (evaluate that trained model with it) and one per recipe that
+applies (continue it, evaluate that). They run in worker processes, one thread each on CPU and all at
 once by default (up to 8): these matrices are too small for one process to keep many cores busy, and a
 worker per model keeps every core working until the end. Results do not depend on --jobs. The seeds'
 rows are combined into one per scheme (:func:`posenc.lab.stats.combine_seeds`).
@@ -31,11 +32,10 @@ import json
 import multiprocessing as mp
 import os
 import queue
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.managers import SyncManager
 from pathlib import Path
 
@@ -59,59 +59,44 @@ from posenc.lab.provenance import provenance
 from posenc.lab.report import write_reports
 from posenc.lab.runtime import check_device, exit_with_parent, worker_init
 from posenc.lab.stats import combine_seeds
+from posenc.lab.tasks import Comparison, Task
 from posenc.lab.train import compile_backend, train
 from posenc.runs.files import write_text_atomic
 
 __all__ = ["CompareResult", "run_compare"]
 
-# A task: (scheme, seed, extension or None). Its result is one seed's row of the report.
-Task = tuple[str, int, str | None]
-
 
 # ---------------------------------------------------------------------------------------------- one task
 
 
-def _run_task(
-    scheme: str,
-    seed: int,
-    s: Settings,
-    out: str,
-    corpus: str | None,
-    cache_dir: str | None,
-    device: str,
-    compile: bool | str,
-    events,
-    follow: str | None = None,
-) -> dict:
-    """Train ``scheme`` with ``seed`` (unless trained) and evaluate its row. A follow-up task instead
-    evaluates that trained model with an eval-time extension (``follow`` its name), or continues it with an
-    extension recipe and evaluates that (``follow`` "~" and the recipe's name). Returns the row (with its
+def _run_task(task: Task, run: Comparison, events) -> dict:
+    """Do ``task`` of the comparison ``run`` (train unless trained, evaluate); returns the row (with its
     ``"seed"``); reports to ``events`` (``put``).
 
-    Each (scheme, seed) is its own run directory ``models/<scheme>/seed-<seed>/`` (a recipe's model
-    ``recipe-<name>-x<factor>-<steps>steps/`` inside it) and each row is saved there keyed by what it
-    depends on (:func:`_row_key`), so a rerun, or one asking for more seeds, skips what is done.
+    Each (scheme, seed) is its own run directory (:meth:`Task.base_run`; a recipe's model inside it) and
+    each row is saved there keyed by what it depends on (:func:`_row_key`), so a rerun, or one asking for
+    more seeds, skips what is done.
     """
-    base_run = Path(out) / "models" / _dir_name(scheme) / f"seed-{seed}"
-    name, extension, recipe, run_dir = _task_names(scheme, follow, base_run, s)
-    label = _label(name, seed, s)
+    s, extension = run.settings, task.extension
+    run_dir = task.run_dir(run.out, s)
+    label = task.label(s)
     eval_path = run_dir / (f"eval-{extension}.json" if extension else "eval.json")
-    key = _row_key(s, seed, corpus, recipe)
+    key = _row_key(s, task.seed, run.corpus, task.recipe)
     saved = _saved_row(eval_path, key)
     if saved is not None:
         events.put(("done", label, "cached"))
         return saved
-    data = load_corpus(corpus, cache_dir=cache_dir)
+    data = load_corpus(run.corpus, cache_dir=run.cache_dir)
     t0 = time.perf_counter()
     if extension is None:
         configs = (
-            s.recipe_configs(scheme, seed, recipe, str(base_run))
-            if recipe
-            else (s.model_config(scheme), s.train_config(seed))
+            s.recipe_configs(task.scheme, task.seed, task.recipe, str(task.base_run(run.out)))
+            if task.recipe
+            else (s.model_config(task.scheme), s.train_config(task.seed))
         )
-        _train_once(*configs, s.ckpt_every, run_dir, data, device, compile, events, label)
+        _train_once(*configs, s.ckpt_every, run_dir, data, run.device, run.compile, events, label)
     train_s = time.perf_counter() - t0
-    model, _ = load_model(run_dir, device)
+    model, _ = load_model(run_dir, run.device)
     events.put(("eval", label, None))
     t1 = time.perf_counter()
     r = perplexities(
@@ -129,25 +114,14 @@ def _run_task(
     )
     row = {
         **r.to_dict(),
-        "scheme": name,
-        "seed": seed,
+        "scheme": task.name,
+        "seed": task.seed,
         "train_s": round(train_s, 1),
         "eval_s": round(time.perf_counter() - t1, 1),
     }
     write_text_atomic(eval_path, json.dumps({"key": key, "row": row}, indent=2))
     events.put(("done", label, None))
     return row
-
-
-def _task_names(scheme: str, follow: str | None, base_run: Path, s: Settings):
-    """(row name, extension, recipe, run directory) of a task: ``follow`` is None, an extension's name, or
-    "~" and a recipe's; a recipe's model has a run directory per target and steps inside the base run's,
-    so that other recipe settings train another model and never resume this one."""
-    recipe = follow[1:] if follow and follow.startswith("~") else None
-    extension = None if recipe else follow
-    name = scheme + (f"+{extension}" if extension else "") + (f"~{recipe}" if recipe else "")
-    run_dir = base_run / f"recipe-{recipe}-x{s.extend_to}-{s.extend_steps}steps" if recipe else base_run
-    return name, extension, recipe, run_dir
 
 
 def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, device, compile, events, label):
@@ -170,16 +144,6 @@ def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, devi
         compile=compile,
         callback=lambda step, loss, tps: events.put(("step", label, step, loss, tps)),
     )
-
-
-def _dir_name(scheme: str) -> str:
-    """A folder name for ``scheme``: a user's ``path/to/file.py:fn`` would otherwise leave ``--out``."""
-    return re.sub(r"[^A-Za-z0-9_.:+-]", "_", scheme)
-
-
-def _label(name: str, seed: int, s: Settings) -> str:
-    """What the progress display calls a task: the row's name, and its seed when there are several."""
-    return name if s.seeds == 1 else f"{name}/s{seed}"
 
 
 def _row_key(s: Settings, seed: int, corpus: str | None, recipe: str | None = None) -> dict:
@@ -220,16 +184,19 @@ def _saved_row(eval_path: Path, key: dict) -> dict | None:
 # ---------------------------------------------------------------------------------------------- scheduling
 
 
-def _task_order(settings: Settings) -> tuple[list[str], dict[str, list[str]]]:
-    """Schemes in the order to start them, and the extension tasks each one's completion unlocks.
+def _task_order(settings: Settings) -> tuple[list[Task], dict[Task, list[Task]]]:
+    """The training tasks in the order to start them (each scheme's seeds together), and the follow-up
+    tasks each one's completion unlocks: its eval-time extensions, then its recipes.
 
-    RoPE first: its extension tasks can start only once it is trained, and then run in parallel with
+    RoPE first: its follow-up tasks can start only once it is trained, and then run in parallel with
     the rest instead of one after another at the end. Then ALiBi, the others by name, learned last.
     """
-    order = sorted(settings.schemes, key=lambda s: (s != "rope", s != "alibi", s == "learned", s))
+    schemes = sorted(settings.schemes, key=lambda s: (s != "rope", s != "alibi", s == "learned", s))
+    order = [Task(sc, seed) for sc in schemes for seed in _seeds(settings)]
     followups = {
-        sc: extensions_for(sc, settings.extensions) + [f"~{r}" for r in settings.recipes_for(sc)]
-        for sc in settings.schemes
+        base: [replace(base, extension=e) for e in extensions_for(base.scheme, settings.extensions)]
+        + [replace(base, recipe=r) for r in settings.recipes_for(base.scheme)]
+        for base in order
     }
     return order, followups
 
@@ -239,18 +206,17 @@ def _seeds(settings: Settings) -> list[int]:
     return [settings.seed + i for i in range(settings.seeds)]
 
 
-def _run_inline(order, followups, args: tuple, display: CompareProgress) -> dict[Task, dict]:
-    """Every task in this process, one after another."""
+def _run_inline(order, followups, run: Comparison, display: CompareProgress) -> dict[Task, dict]:
+    """Every task in this process, one after another: each training task, then its follow-ups."""
     sink = InlineQueue(display.handle)
     rows = {}
-    for scheme in order:
-        for seed in _seeds(args[0]):
-            for ext in [None, *followups.get(scheme, [])]:
-                rows[scheme, seed, ext] = _run_task(scheme, seed, *args, sink, ext)
+    for base in order:
+        for task in [base, *followups.get(base, [])]:
+            rows[task] = _run_task(task, run, sink)
     return rows
 
 
-def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -> dict[Task, dict]:
+def _run_pool(order, followups, run: Comparison, display, jobs: int, threads: int) -> dict[Task, dict]:
     """Every task in ``jobs`` worker processes of ``threads`` torch threads; each (scheme, seed) is a task
     of its own, and its follow-up tasks are submitted as soon as it finishes. A worker's exception is
     re-raised here."""
@@ -263,20 +229,14 @@ def _run_pool(order, followups, args: tuple, display, jobs: int, threads: int) -
         with ProcessPoolExecutor(
             jobs, mp_context=ctx, initializer=worker_init, initargs=(threads, os.getpid())
         ) as pool:
-            tasks = {
-                pool.submit(_run_task, sc, seed, *args, events): (sc, seed, None)
-                for sc in order
-                for seed in _seeds(args[0])
-            }
-            while tasks:
+            running = {pool.submit(_run_task, task, run, events): task for task in order}
+            while running:
                 _show_events(events, display, wait=0.5, most=1)
-                for f in [f for f in tasks if f.done()]:
-                    scheme, seed, ext = tasks.pop(f)
-                    rows[scheme, seed, ext] = f.result()
-                    if ext is None:
-                        for follow in followups.get(scheme, []):
-                            task = pool.submit(_run_task, scheme, seed, *args, events, follow)
-                            tasks[task] = (scheme, seed, follow)
+                for f in [f for f in running if f.done()]:
+                    task = running.pop(f)
+                    rows[task] = f.result()
+                    for follow in followups.get(task, []):
+                        running[pool.submit(_run_task, follow, run, events)] = follow
         _show_events(events, display)
     return rows
 
@@ -302,6 +262,20 @@ class CompareResult:
     wall_s: float
     out: Path
     table: str = field(default="")
+
+
+def _display(settings: Settings, order: list[Task], progress: bool) -> CompareProgress:
+    """The progress display: a line per training task, then per recipe (those train too), by scheme and
+    recipe, seeds together."""
+    labels = [t.label(settings) for t in order]
+    recipes = [
+        Task(sc, seed, recipe=r).label(settings)
+        for sc in dict.fromkeys(t.scheme for t in order)
+        for r in settings.recipes_for(sc)
+        for seed in _seeds(settings)
+    ]
+    total = settings.steps * len(labels) + settings.extend_steps * len(recipes)
+    return CompareProgress(total, labels + recipes, enabled=progress)
 
 
 def _val_tokens_needed(s: Settings) -> int:
@@ -353,26 +327,18 @@ def run_compare(
     record = provenance(settings.to_json(), data, device)
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
-    labels = [_label(sc, seed, settings) for sc in order for seed in _seeds(settings)]
-    recipes = [
-        _label(f"{sc}~{r}", seed, settings)
-        for sc in order
-        for r in settings.recipes_for(sc)
-        for seed in _seeds(settings)
-    ]
-    total = settings.steps * len(labels) + settings.extend_steps * len(recipes)
-    display = CompareProgress(total, labels + recipes, enabled=progress)
-    args = (settings, str(out), corpus, cache_dir, device, compile)
+    display = _display(settings, order, progress)
+    run = Comparison(settings, str(out), corpus, cache_dir, device, compile)
     if jobs == 1:
-        rows = _run_inline(order, followups, args, display)
+        rows = _run_inline(order, followups, run, display)
     else:
-        rows = _run_pool(order, followups, args, display, jobs, threads)
+        rows = _run_pool(order, followups, run, display, jobs, threads)
     display.close()
 
     ordered = [
-        combine_seeds([rows[sc, seed, ext] for seed in _seeds(settings)])
+        combine_seeds([rows[replace(variant, seed=seed)] for seed in _seeds(settings)])
         for sc in settings.schemes
-        for ext in [None, *followups.get(sc, [])]
+        for variant in [Task(sc, settings.seed), *followups[Task(sc, settings.seed)]]
     ]
     wall = time.perf_counter() - t0
     corpus_path = str(Path(data.path).resolve())

@@ -1,24 +1,44 @@
-"""What defines a laboratory run: the model, the optimisation, a comparison, and the presets.
+"""What defines a laboratory run: the model, the optimisation, the evaluation, a comparison composed of
+them, and the presets.
 
-Every field is checked when its object is made, by the validators of :mod:`posenc.lab.checks`, so a
-bad value is refused before any work starts, with a :class:`LabError` naming the field, the value
-and what is allowed (the CLI prints it as one line).
+Each field owns its default and its command-line flag (:func:`posenc.lab.flags.option`), and the
+comparison's settings declare the fields they share with the model's, the training's and the evaluation's
+configs (:class:`~posenc.lab.eval_config.EvalConfig`) as those fields (:func:`posenc.lab.flags.like`), so
+``posenc train``, ``eval`` and ``compare`` show and use one default for each. Every field is checked when
+its object is made, by the validators of :mod:`posenc.lab.checks`, so a bad value is refused before any
+work starts, with a :class:`LabError` naming the field, the value and what is allowed (the CLI prints it
+as one line).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from posenc import cli
 from posenc.extension import METHODS
 from posenc.lab import defaults as D
 from posenc.lab.checks import check_choice, check_choices, check_int, check_lengths, check_mix, check_number
-from posenc.lab.encodings import ENCODINGS, EXTENSIONS, build, expand_schemes, lookup
+from posenc.lab.encodings import (
+    BUILTIN,
+    ENCODINGS,
+    EXTENSIONS,
+    build,
+    expand_schemes,
+    lookup,
+    registered_names,
+)
 from posenc.lab.errors import LabError
+from posenc.lab.eval_config import EvalConfig
+from posenc.lab.flags import like, option
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
 
 # ---------------------------------------------------------------------------------------------- model
+
+
+def _encoding_help() -> str:
+    return f"the positional encoding: one of {', '.join(registered_names())}, or package.module:function"
 
 
 @dataclass(frozen=True)
@@ -29,11 +49,13 @@ class GPTConfig:
     ``original_max_position_embeddings`` of eval-time RoPE extensions.
     """
 
-    encoding: str = "rope"
-    n_layer: int = D.N_LAYER
-    n_head: int = D.N_HEAD
-    d_model: int = D.D_MODEL
-    max_len: int = D.TRAIN_LEN
+    encoding: str = option("rope", help=_encoding_help)
+    n_layer: int = option(D.N_LAYER, type=cli.positive_int, help="transformer blocks")
+    n_head: int = option(D.N_HEAD, type=cli.positive_int, help="attention heads")
+    d_model: int = option(D.D_MODEL, type=cli.positive_int, help="model width")
+    max_len: int = option(
+        D.TRAIN_LEN, type=cli.positive_int, flag="train-len", help="training sequence length (bytes)"
+    )
     vocab_size: int = VOCAB_SIZE
     rope_base: float = D.ROPE_BASE
     rope_scaling: dict | None = None  # set by an extension recipe (posenc.lab.recipes)
@@ -79,16 +101,25 @@ class GPTConfig:
 class TrainConfig:
     """Optimisation settings. ``batch_size`` is the global batch (split across DDP ranks)."""
 
-    steps: int = D.STEPS
-    batch_size: int = D.BATCH_SIZE
-    lr: float = D.LR
+    steps: int = option(D.STEPS, type=cli.positive_int, help="optimizer steps")
+    batch_size: int = option(D.BATCH_SIZE, type=cli.positive_int, help="global batch, split across DDP ranks")
+    lr: float = option(D.LR, type=float, help="peak learning rate (AdamW)")
     min_lr_ratio: float = D.MIN_LR_RATIO
-    warmup: int = D.WARMUP
-    weight_decay: float = D.WEIGHT_DECAY
-    grad_clip: float = D.GRAD_CLIP
-    seed: int = D.SEED
-    copy_fraction: float = 0.0  # share of training windows whose second half repeats the first
-    passkey_fraction: float = 0.0  # share of training windows made into passkey prompts with the answer
+    warmup: int = option(D.WARMUP, type=cli.count, help="linear warmup steps, then cosine decay")
+    weight_decay: float = option(D.WEIGHT_DECAY, type=float, help="AdamW weight decay on matrices")
+    grad_clip: float = option(D.GRAD_CLIP, type=float, help="clip the gradient norm to this; 0 turns it off")
+    seed: int = option(D.SEED, type=cli.seed, help="initialisation and batch order")
+    copy_fraction: float = option(
+        D.COPY_FRACTION,
+        type=float,
+        help="share of training windows whose second half repeats the first, 0..1",
+    )
+    passkey_fraction: float = option(
+        D.PASSKEY_FRACTION,
+        type=float,
+        help="share of training windows made into passkey prompts with their answer, so that the model "
+        "learns retrieval inside the training length, 0..1; with the copy fraction at most 1 in all",
+    )
     # continuing a trained model (an extension recipe, posenc.lab.recipes):
     seq_len: int | None = None  # window length, default the model's max_len
     init_from: str | None = None  # a run or checkpoint directory whose weights start this run
@@ -111,7 +142,16 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------- comparison
 
 SCHEMES = ("none", "sinusoidal", "learned", "rope", "alibi")
-PROTOCOLS = ("windows", "sliding", "past")
+
+
+def _schemes_help() -> str:
+    more = ", ".join(n for n in BUILTIN if n not in SCHEMES)
+    return (
+        f"comma-separated encodings to compare; 'all': every built-in, also {more}; your own as "
+        "package.module:function"
+    )
+
+
 # the lab's RoPE extensions of static frequencies (posenc.extension.METHODS; dynamic NTK's schedule grows with
 # the sequence, evaluated when asked) and the lab's own two, blockwise causal attention and the temperature
 COMPARE_EXTENSIONS = (*(n for n, m in METHODS.items() if m.lab and not m.length_dependent), "bca", "temp")
@@ -119,41 +159,60 @@ COMPARE_EXTENSIONS = (*(n for n, m in METHODS.items() if m.lab and not m.length_
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything that defines a comparison. Presets are instances; CLI flags override fields."""
+    """Everything that defines a comparison. Presets are instances; CLI flags override fields.
 
-    train_len: int = D.TRAIN_LEN
-    eval_mults: tuple[int, ...] = D.EVAL_MULTS
-    steps: int = D.STEPS
-    batch_size: int = D.BATCH_SIZE
-    lr: float = D.LR
-    warmup: int = D.WARMUP
-    n_layer: int = D.N_LAYER
-    n_head: int = D.N_HEAD
-    d_model: int = D.D_MODEL
-    eval_tokens: int = D.EVAL_TOKENS
-    seed: int = D.SEED
-    schemes: tuple[str, ...] = SCHEMES
+    Composed of the model's (:class:`GPTConfig`), the training's (:class:`TrainConfig`) and the
+    evaluation's (:class:`EvalConfig`) fields, each declared as that field (default and flag), flat so
+    that a preset is one dict of overrides and the saved settings one JSON object.
+    """
+
+    train_len: int = like(GPTConfig, "max_len")
+    eval_mults: tuple[int, ...] = option(
+        D.EVAL_MULTS, type=cli.int_list, help="evaluation lengths as multiples of the training length"
+    )
+    steps: int = like(TrainConfig, "steps")
+    batch_size: int = like(TrainConfig, "batch_size")
+    lr: float = like(TrainConfig, "lr")
+    warmup: int = like(TrainConfig, "warmup")
+    n_layer: int = like(GPTConfig, "n_layer")
+    n_head: int = like(GPTConfig, "n_head")
+    d_model: int = like(GPTConfig, "d_model")
+    eval_tokens: int = like(EvalConfig, "eval_tokens")
+    seed: int = like(TrainConfig, "seed")
+    schemes: tuple[str, ...] = option(SCHEMES, type=cli.name_list, help=_schemes_help)
     extensions: tuple[str, ...] = COMPARE_EXTENSIONS
-    ckpt_every: int = D.CKPT_EVERY
-    seeds: int = 1  # models per scheme, seeds seed .. seed + seeds - 1 (init and batch order)
-    protocols: tuple[str, ...] = PROTOCOLS  # evaluation protocols reported (posenc.lab.protocols)
-    sliding_tokens: int = D.SLIDING_TOKENS
-    probe_windows: int = D.PROBE_WINDOWS  # 0: no probes
-    copy_fraction: float = 0.0
-    passkey_fraction: float = 0.0
-    passkey_trials: int = D.PASSKEY_TRIALS  # 0: none
+    ckpt_every: int = option(D.CKPT_EVERY, type=cli.positive_int, help="checkpoint interval in steps")
+    seeds: int = option(
+        1,
+        type=cli.positive_int,
+        help="models per scheme, seeds --seed, --seed + 1, ...: tables show mean ± sd",
+    )
+    protocols: tuple[str, ...] = like(EvalConfig, "protocols")
+    sliding_tokens: int = like(EvalConfig, "sliding_tokens")
+    probe_windows: int = like(EvalConfig, "probe_windows")
+    copy_fraction: float = like(TrainConfig, "copy_fraction")
+    passkey_fraction: float = like(TrainConfig, "passkey_fraction")
+    passkey_trials: int = like(EvalConfig, "passkey_trials")
     # extension by training (posenc.lab.recipes): each recipe continues the base model for extend_steps
-    extend_to: int = D.EXTEND_TO  # the target length, in training lengths
-    extend_steps: int = 0  # 0: no recipes
-    recipes: tuple[str, ...] = tuple(RECIPES)
+    extend_to: int = option(
+        D.EXTEND_TO, type=cli.positive_int, help="the recipes' target length in training lengths"
+    )
+    extend_steps: int = option(
+        0,
+        type=cli.count,
+        help="continue each RoPE model this many steps with each of --recipes, every recipe with the same "
+        "tokens per step; 0: no recipes",
+    )
+    recipes: tuple[str, ...] = option(
+        tuple(RECIPES),
+        type=cli.name_list,
+        choices=lambda: {name: r.meaning for name, r in RECIPES.items()},
+        help="the extension recipes (posenc.lab.recipes)",
+    )
 
     def __post_init__(self):
         check_int("seeds", self.seeds)
-        check_int("passkey_trials", self.passkey_trials, minimum=0)
-        check_choices("protocols", self.protocols, PROTOCOLS)
-        object.__setattr__(self, "protocols", tuple(p for p in PROTOCOLS if p in self.protocols))
-        check_int("sliding_tokens", self.sliding_tokens)
-        check_int("probe_windows", self.probe_windows, minimum=0)
+        object.__setattr__(self, "protocols", self.eval_config().protocols)  # checked, in report order
         check_mix(self.copy_fraction, self.passkey_fraction)
         if self.passkey_fraction:
             least = passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1
@@ -168,7 +227,6 @@ class Settings:
         check_choices("extensions", self.extensions, EXTENSIONS, empty_ok=True)
         check_lengths("eval_mults", self.eval_mults)
         check_int("train_len", self.train_len)
-        check_int("eval_tokens", self.eval_tokens)
         if "temp" in self.extensions and "none" in self.schemes and self.train_len < 2:
             raise LabError(  # checked here, before any model trains (the extension would refuse it after)
                 f"extension 'temp' scales NoPE's scores by log(n) / log(train_len): it needs train_len >= 2, "
@@ -206,6 +264,16 @@ class Settings:
             n_head=self.n_head,
             d_model=self.d_model,
             max_len=self.train_len,
+        )
+
+    def eval_config(self) -> EvalConfig:
+        """What is measured at each length."""
+        return EvalConfig(
+            eval_tokens=self.eval_tokens,
+            protocols=self.protocols,
+            sliding_tokens=self.sliding_tokens,
+            probe_windows=self.probe_windows,
+            passkey_trials=self.passkey_trials,
         )
 
     def train_config(self, seed: int | None = None) -> TrainConfig:

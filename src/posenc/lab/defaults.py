@@ -1,8 +1,12 @@
-"""Every default of the laboratory, in one place: the model, the optimisation, the evaluation and passkey.
+"""Every default of the laboratory's experiments, in one place: the model, the optimisation, the
+evaluation and passkey.
 
-``GPTConfig``, ``TrainConfig`` and ``Settings`` (:mod:`posenc.lab.config`) take their field defaults from
-here, the presets are override dicts on top of them, and ``posenc train``, ``eval`` and ``compare`` show
-and use the same values. This module imports nothing.
+``GPTConfig``, ``TrainConfig``, ``EvalConfig`` and ``Settings`` (:mod:`posenc.lab.config`) take their field
+defaults from here, the presets are override dicts on top of them, and the flags of ``posenc train``,
+``eval`` and ``compare`` are generated from those fields (:mod:`posenc.lab.flags`), so they show and use
+the same values. A command's conveniences that no experiment depends on (an output folder, the prompt of
+``posenc sample``) are their option's own default (:mod:`posenc.lab.arguments`). This module imports
+nothing.
 """
 
 # ---------------------------------------------------------------------------------------------- model
@@ -25,6 +29,9 @@ WEIGHT_DECAY = 0.1
 GRAD_CLIP = 1.0
 SEED = 0
 CKPT_EVERY = 100
+# the training mix: shares of windows made into copy tasks and into passkey prompts (0: plain text)
+COPY_FRACTION = 0.0
+PASSKEY_FRACTION = 0.0
 
 # ---------------------------------------------------------------------------------------------- evaluation
 

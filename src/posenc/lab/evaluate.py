@@ -129,6 +129,11 @@ def perplexities(
 ) -> Row:
     """Perplexity of ``model`` at each length in ``eval_lens`` under each protocol, and the probes.
 
+    By default only what costs nothing beyond the windows protocol is measured (its losses, and the past
+    protocol from the same losses); the sliding protocol, the probes and passkey each cost a run of their
+    own and are measured when asked. What the commands ask by default is
+    :class:`~posenc.lab.eval_config.EvalConfig`'s (every protocol, the probes, passkey).
+
     Args:
         val: validation tokens (1-D uint8).
         train_len: the length the model was trained at (positions >= it are "past"; the sliding stride).

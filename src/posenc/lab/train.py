@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from posenc.lab import defaults as D
 from posenc.lab.checkpoint import (
     check_resumable,
     latest_checkpoint,
@@ -82,7 +83,7 @@ def train(
     corpus: Corpus | str | None = None,
     cache_dir: str | os.PathLike | None = None,
     resume: bool = False,
-    ckpt_every: int = 100,
+    ckpt_every: int = D.CKPT_EVERY,
     device: str = "cpu",
     progress: bool = True,
     stop_after: int | None = None,
