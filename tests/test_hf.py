@@ -186,9 +186,10 @@ def test_rotary_from_config_matches_the_model(name):
     model, _ = build(name)
     rot = rotary_from_config(model.config)
     hf = hf_rotary(model)
-    from posenc.hf.handout import handout
+    from posenc.hf.handout import read_handout_form
 
-    assert rot.layout == {"half": "half", "pairs": "interleaved"}[handout(hf)]  # what the module hands out
+    # the layout the module's hand-out form implies
+    assert rot.layout == {"half": "half", "pairs": "interleaved"}[read_handout_form(hf)]
     np.testing.assert_allclose(rot.inv_freq.numpy(), hf.original_inv_freq.numpy(), rtol=2.5e-6)
     assert rot.attention_factor == pytest.approx(hf.attention_scaling, rel=1e-12)
     # the config.json form gives the same module
@@ -477,7 +478,7 @@ def test_a_rotary_module_with_one_rope_per_layer_type_gets_one_per_type_and_unpa
     with torch.no_grad():
         assert (model(ids).logits - want).abs().max() < LOGITS_TOL
     unpatch_model(model)
-    assert not hasattr(model.model.rotary_emb, "posenc_forms")
+    assert not hasattr(model.model.rotary_emb, "posenc_forwards")
     with torch.no_grad():
         assert torch.equal(model(ids).logits, want)
 

@@ -25,8 +25,9 @@ def test_every_m_rope_family_has_its_text_model_and_the_same_pairing():
         assert f.model_type in plan.MROPE_FAMILIES
         text = family(f"{f.model_type}_text") if f.composite else f  # NeoMME is its own language model
         if text.attention is not None:  # patched layer by layer, else through its rotary module
-            assert text.attention.form == f.mrope.form
-        assert (text.model_type in INTERLEAVED_MODEL_TYPES) == (f.mrope.form == "pairs")
+            # the hand-out form of the cos/sin for its layout
+            assert text.attention.form == {"half": "half", "interleaved": "pairs"}[f.mrope.layout]
+        assert (text.model_type in INTERLEAVED_MODEL_TYPES) == (f.mrope.layout == "interleaved")
 
 
 def test_every_family_marked_tested_has_a_parity_test():

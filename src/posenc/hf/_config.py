@@ -14,9 +14,9 @@ __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
 
 # Families whose transformers code pairs dimensions (2i, 2i+1), for reading a config alone; every other RoPE
 # family in transformers (Llama, Mistral, Qwen2, GPT-NeoX, Phi-3, Gemma, ...) uses rotate_half, pairs
-# (i, i + r/2). patch_model does not rely on this list: it reads the pairing off what each model's rotary
-# module hands out. (A view of posenc.hf.families.FAMILIES, as every family table.)
-INTERLEAVED_MODEL_TYPES = frozenset(having("pairs"))
+# (i, i + r/2). patch_model does not rely on this list: it reads the layout off the hand-out form of each
+# model's rotary module. (A view of posenc.hf.families.FAMILIES, as every family table.)
+INTERLEAVED_MODEL_TYPES = frozenset(having("interleaved"))
 
 
 def config_value(config, *names, default=None):

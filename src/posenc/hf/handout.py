@@ -1,12 +1,15 @@
 """How a transformers rotary module hands out cos/sin, and posenc's rotary in that hand-out form: the
 machinery :func:`posenc.hf.patch_model` patches with.
 
-A rotary module's hand-out form is read off its own output at a few probe positions (:func:`handout`: each
-frequency twice as halves or in a row, once, sin first, or complex), a module that reads M-RoPE position ids
-is told by its output's shape (:func:`takes_axis_positions`), and posenc's rotary in the module's form is
-checked against the module's own cos/sin before anything is patched (:func:`check_exact`): exact or refused.
-:func:`own_rotary` builds a single-RoPE module's, :func:`plan_typed` those of a module with one RoPE per
-layer type (:func:`typed_forward` hands them out).
+A rotary module's hand-out form, the shape of the cos/sin it hands out (a key of :data:`FORMS`: each
+frequency twice as halves or in a row, once, sin first, or complex), is read off its own output at a few
+probe positions (:func:`read_handout_form`; :func:`handout_form` for a module patch_model takes whole), a
+module that reads M-RoPE position ids is told by its output's shape (:func:`takes_axis_positions`), and
+posenc's rotary in the module's form is checked against the module's own cos/sin before anything is
+patched (:func:`check_exact`): exact or refused. The form implies how the attention code pairs dimensions,
+posenc's ``layout`` ("half" or "interleaved"), or leaves that to the config. :func:`own_rotary` builds a
+single-RoPE module's rotary, :func:`plan_typed` those of a module with one RoPE per layer type (each with
+the forward of its form, which :func:`typed_forward` calls).
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ __all__ = [
     "check_exact",
     "check_plain",
     "device_of",
-    "handout",
     "handout_form",
     "keeps_float32",
     "own_rotary",
     "places_image_patches",
     "plan_typed",
+    "read_handout_form",
     "rope_layer_types",
     "takes_axis_positions",
     "typed_forward",
@@ -96,7 +99,7 @@ def check_exact(module, rotary, forward, name: str, model_type: str, layer_type:
         )
 
 
-def _gptj_forward(module, x, position_ids, *args, **kwargs):
+def _sin_first_forward(module, x, position_ids, *args, **kwargs):
     cos, sin = _cos_sin(module, x, position_ids)
     # sin first, (batch, seq, rotary_dim/2) each: GPT-J's and CodeGen's order
     return sin.to(_out_dtype(module, x)), cos.to(_out_dtype(module, x))
@@ -113,12 +116,12 @@ def _out_dtype(module, x) -> torch.dtype:
     return torch.float32 if getattr(module, "posenc_float32", False) else x.dtype
 
 
-# hand-out form: (forward, the pairing it implies, or None when the attention code alone decides it)
+# hand-out form: (its forward, the layout it implies, or None when the attention code alone decides it)
 FORMS = {
     "half": (_half_forward, "half"),
     "pairs": (_pairs_forward, "interleaved"),
     "narrow": (_narrow_forward, None),
-    "sin-first": (_gptj_forward, None),
+    "sin-first": (_sin_first_forward, None),
     "complex": (_complex_forward, None),
 }
 
@@ -151,9 +154,9 @@ def device_of(module) -> torch.device:
     return next(iter(module.buffers()), torch.empty(0)).device
 
 
-def handout(module, layer_type: str | None = None) -> str | None:
-    """How a rotary module hands out cos/sin, read off its own output (not its attributes) at positions
-    1..4: "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), "complex"
+def read_handout_form(module, layer_type: str | None = None) -> str | None:
+    """A rotary module's hand-out form, read off its own output (not its attributes) at positions 1..4:
+    "half" (each frequency twice, cat(f, f)), "pairs" (each frequency twice in a row), "complex"
     (e^(i angle)), "narrow" (each frequency once, cos or sin first, which ``_resolve`` tells apart), or None
     (it does not run on plain position ids)."""
     out = _own_output(module, _probe_positions(device_of(module)), layer_type)
@@ -214,7 +217,7 @@ def typed_forward(module, x, position_ids, layer_type, *args, **kwargs):
     """The forward of a rotary module whose RoPE is per layer type (``forward(x, position_ids,
     layer_type)``: OLMo 3, ModernBERT, LFM3, ...): that type's posenc rotary in that type's hand-out form,
     in float32 when the module's own cos/sin stay float32 for half-precision inputs."""
-    rotary, forward, keeps_float32 = module.posenc_rotary[layer_type], *module.posenc_forms[layer_type]
+    rotary, forward, keeps_float32 = module.posenc_rotary[layer_type], *module.posenc_forwards[layer_type]
     cos, sin = forward(types.SimpleNamespace(posenc_rotary=rotary), x, position_ids)
     return (cos.float(), sin.float()) if keeps_float32 else (cos, sin)
 
@@ -245,11 +248,12 @@ def _type_head_dim(values: dict, layer_type: str) -> dict:
 
 
 def plan_typed(module, name: str, config, model_type: str, layer_types: list[str]):
-    """posenc's rotaries and hand-out forms for each layer type of a per-layer-type rotary module, each
-    checked against the module's own cos/sin; a ValueError naming the layer type where one is not exact."""
+    """posenc's rotaries, and the forwards of their hand-out forms, for each layer type of a per-layer-type
+    rotary module (``{layer_type: rotary}``, ``{layer_type: (forward, keeps float32)}``), each checked against
+    the module's own cos/sin; a ValueError naming the layer type where one is not exact."""
     params = config_value(config, "rope_parameters")
     base = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    rotaries, forms = {}, {}
+    rotaries, forwards = {}, {}
     for layer_type in layer_types:
         mrope = takes_axis_positions(module, layer_type)
         if mrope and model_type.removesuffix("_text") not in MROPE_FAMILIES:
@@ -257,7 +261,7 @@ def plan_typed(module, name: str, config, model_type: str, layer_types: list[str
                 f"{type(module).__name__} ({name}, layer type {layer_type!r}) takes M-RoPE position ids of "
                 f"several axes, and posenc has no M-RoPE layout for model_type {model_type!r}"
             )
-        form = None if mrope else handout(module, layer_type)
+        form = None if mrope else read_handout_form(module, layer_type)
         known = mrope or form is not None
         if not known or not isinstance(params, Mapping) or not isinstance(params.get(layer_type), Mapping):
             raise ValueError(
@@ -273,12 +277,12 @@ def plan_typed(module, name: str, config, model_type: str, layer_types: list[str
             rot = RotaryEmbedding(**{**settings, "layout": layout}).to(device_of(module))
         check_exact(module, rot, forward, name, model_type, layer_type)
         rotaries[layer_type] = rot
-        forms[layer_type] = (forward, keeps_float32(module, layer_type))
-    return torch.nn.ModuleDict(rotaries), forms
+        forwards[layer_type] = (forward, keeps_float32(module, layer_type))
+    return torch.nn.ModuleDict(rotaries), forwards
 
 
 def own_rotary(module, name: str, model_type: str, config, form: str):
-    """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the pairing),
+    """(posenc's RotaryEmbedding of the module's own RoPE, the forward of its hand-out ``form``, the layout),
     checked against what the module hands out itself (a ValueError unless exact)."""
     if form == "mrope":
         rot, forward, layout = _mrope_rotary(module, config)
@@ -296,15 +300,15 @@ def own_rotary(module, name: str, model_type: str, config, form: str):
 
 def _mrope_rotary(module, config):
     """(posenc's M-RoPE for a rotary module of a family whose layout posenc knows, the forward of its
-    hand-out form, its pairing); checked by the caller."""
+    hand-out form, its layout); checked by the caller."""
     rope = mrope_rope(config)
     forward, layout = FORMS["pairs" if rope.layout == "interleaved" else "half"]
     return rope.module().to(device_of(module)), forward, layout
 
 
 def _resolve(module, form: str, settings: dict, layer_type: str | None = None):
-    """The forward and pairing of a hand-out ``form``; a "narrow" one is cos first (GPT-OSS) or sin first
-    (GPT-J, CodeGen), whichever is the module's own, and its pairing is the config's."""
+    """The forward and layout of a hand-out ``form``; a "narrow" one is cos first (GPT-OSS) or sin first
+    (GPT-J, CodeGen), whichever is the module's own, and its layout is the config's."""
     if form == "narrow":
         own = RotaryEmbedding(**settings).to(device_of(module))
         form = min(("narrow", "sin-first"), key=lambda f: _mismatch(module, own, FORMS[f][0], layer_type))
@@ -327,7 +331,8 @@ def places_image_patches(module) -> bool:
 
 
 def handout_form(module, name: str, model_type: str) -> str:
-    """The hand-out form of a single-RoPE rotary module, or a ValueError saying why posenc cannot take it."""
+    """The hand-out form of a single-RoPE rotary module (:func:`read_handout_form`'s, or "mrope" for the
+    M-RoPE of a family posenc knows), or a ValueError saying why posenc cannot take it."""
     if takes_axis_positions(module):
         if model_type.removesuffix("_text") in MROPE_FAMILIES:
             return "mrope"  # a family whose M-RoPE posenc knows, patched through its rotary module
@@ -336,7 +341,11 @@ def handout_form(module, name: str, model_type: str) -> str:
             f"M-RoPE layouts of {', '.join(sorted(MROPE_FAMILIES))}, and model_type {model_type!r} is not "
             "one of them"
         )
-    form = handout(module) if hasattr(module, "inv_freq") or hasattr(module, "embed_positions") else None
+    form = (
+        read_handout_form(module)
+        if hasattr(module, "inv_freq") or hasattr(module, "embed_positions")
+        else None
+    )
     if form is None:
         raise ValueError(
             f"patch_model does not know how {type(module).__name__} ({name}) hands out cos/sin: it neither "

@@ -82,8 +82,8 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
                     f"rotary= replaces one RoPE; {type(module).__name__} ({name}) has one per layer type "
                     f"({', '.join(layer_types)})"
                 )
-            rotaries, forms = plan_typed(module, name, config, model_type, layer_types)
-            plans.append((module, rotaries, typed_forward, forms, False))
+            rotaries, forwards = plan_typed(module, name, config, model_type, layer_types)
+            plans.append((module, rotaries, typed_forward, forwards, False))
             continue
         # the model's own RoPE reproduced in its own hand-out form, also when ``rotary`` replaces it (the
         # form is what carries any rotary into the model)
@@ -100,10 +100,10 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     if not plans:
         raise ValueError(f"patch_model found no *RotaryEmbedding module in {type(model).__name__}")
     with _recorded(model) as book:
-        for module, rot, forward, forms, float32 in plans:
+        for module, rot, forward, forwards, float32 in plans:
             book.set(module, "posenc_rotary", rot.to(device_of(module)))
-            if forms is not None:
-                book.set(module, "posenc_forms", forms)
+            if forwards is not None:
+                book.set(module, "posenc_forwards", forwards)
             if float32:
                 book.set(module, "posenc_float32", True)
             book.set(module, "forward", types.MethodType(forward, module))

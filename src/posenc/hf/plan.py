@@ -428,8 +428,7 @@ def mrope_rope(config) -> Rope:
     section = tuple(listed)
     if spec.listed is not None and len(section) == len(spec.listed):
         section = tuple(section[spec.listed.index(axis)] for axis in range(len(section)))
-    layout = "interleaved" if spec.form == "pairs" else "half"
-    return _rope({**settings, "layout": layout}, mrope_section=section, mrope_order=spec.order)
+    return _rope({**settings, "layout": spec.layout}, mrope_section=section, mrope_order=spec.order)
 
 
 def _qwen_vl(config) -> tuple[LayerPlan, ...]:
@@ -444,11 +443,11 @@ def _mla(config) -> tuple[LayerPlan, ...]:
     """DeepSeek's MLA (DeepSeek-AI 2024, arxiv.org/abs/2405.04434): RoPE on the decoupled
     ``qk_rope_head_dim`` slice of q and of one key head shared by all heads; softmax scale
     (qk_nope + qk_rope)^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2 for a scaled RoPE. The slice's
-    pairing is what the family's code does (:attr:`~posenc.hf.families.Family.mla`)."""
+    layout is what the family's code does (:attr:`~posenc.hf.families.Family.mla`)."""
     model_type = config_value(config, "model_type", default="")
     settings = rope_settings(config, read_elsewhere=temperature_keys(config))
-    pairing = family(model_type).mla
-    if pairing is None:
+    layout = family(model_type).mla
+    if layout is None:
         raise ValueError(
             f"config of model_type {model_type!r} has {' and '.join(MLA_KEYS)}: multi-head latent attention, "
             "whose pairing of the rotated slice and softmax scale live in each family's code; posenc has "
@@ -463,13 +462,9 @@ def _mla(config) -> tuple[LayerPlan, ...]:
             f"config's RoPE rotates {settings['rotary_dim']} dimensions (head_dim {settings['head_dim']}), "
             f"but its qk_rope_head_dim is {rope_dim}: posenc does not know which its attention uses"
         )
-    interleaved = (
-        config_value(config, "rope_interleave", default=True) if pairing == "config" else pairing == "pairs"
-    )
-    rope = _rope(
-        {**settings, "head_dim": rope_dim, "rotary_dim": rope_dim},
-        layout="interleaved" if interleaved else "half",
-    )
+    if layout == "config":
+        layout = "interleaved" if config_value(config, "rope_interleave", default=True) else "half"
+    rope = _rope({**settings, "head_dim": rope_dim, "rotary_dim": rope_dim}, layout=layout)
     scale = (rope_dim + nope_dim) ** -0.5
     params = config_value(config, "rope_parameters") or config_value(config, "rope_scaling") or {}
     mscale_all_dim = params.get("mscale_all_dim")

@@ -58,7 +58,7 @@ class TrainOptions:
     compile: bool = option(
         False,
         help="train through torch.compile (inductor): compiles for a while, then faster steps; "
-        "checkpoints are the same either way (docs/lab.md has the measured speed-ups)",
+        "checkpoints are the same either way (docs/lab-results.md has the measured speed-ups)",
     )
     no_progress: bool = option(False, help="no progress bar")
 

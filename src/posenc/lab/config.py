@@ -326,10 +326,10 @@ PRESET_OVERRIDES: dict[str, dict] = {
         probe_windows=4,
         passkey_trials=4,
     ),
-    # The default: every scheme on a laptop CPU (docs/lab.md has the measured wall time).
+    # The default: every scheme on a laptop CPU (docs/lab-results.md has the measured wall time).
     "quick": {},
     # Long enough that sinusoidal, learned, rope and alibi end within 10% of each other in distribution
-    # (the quick preset's gap is training time); under 40 min on 2 CPU cores (docs/lab.md).
+    # (the quick preset's gap is training time); under 40 min on 2 CPU cores (docs/lab-results.md).
     "standard": dict(steps=6000, ckpt_every=250),
     # A GPU (--device cuda): longer training length, bigger model, more steps and evaluation tokens.
     "gpu": dict(

@@ -5,7 +5,7 @@ that apply to it (functions of :mod:`posenc.lab.extensions`) and the size it pai
 Adding a scheme is one decorated function:
 
     @register_encoding("mine", extensions=("temp",))
-    def _mine(cfg: GPTConfig) -> Encoding:
+    def _mine(cfg: ModelShape) -> Encoding:
         return Encoding(input=..., rotary=..., bias=...)
 
 A researcher's own scheme needs no edit here: ``--schemes package.module:function`` (or
@@ -44,9 +44,9 @@ from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
 from posenc.lab.recipes import RECIPES, pose_positions
 
 
-class GPTConfig(Protocol):
-    """What a scheme's builder reads of a model's config (:class:`posenc.lab.config.GPTConfig`, which this
-    module does not import: config imports this one to check encoding names)."""
+class ModelShape(Protocol):
+    """What a scheme's builder reads of the :class:`posenc.lab.config.GPTConfig` it gets (which this module
+    does not import: config imports this one to check encoding names): the encoding's name and the shape."""
 
     encoding: str
     n_head: int
@@ -72,15 +72,15 @@ class Scheme:
     """
 
     name: str
-    build: Callable[[GPTConfig], Encoding]
+    build: Callable[[ModelShape], Encoding]
     extensions: Sequence[str] = ()
     pairs: str | None = None
     recipes: tuple[str, ...] = ()
 
-    def __call__(self, cfg: GPTConfig) -> Encoding:
+    def __call__(self, cfg: ModelShape) -> Encoding:
         return self.build(cfg)
 
-    def check(self, cfg: GPTConfig) -> None:
+    def check(self, cfg: ModelShape) -> None:
         """Refuse a config whose paired size is odd, naming the scheme and the sizes."""
         if self.pairs == "head_dim" and cfg.head_dim % 2:
             raise LabError(
@@ -126,23 +126,23 @@ def register_encoding(
 
 
 @register_encoding("none", extensions=("temp",))
-def _none(cfg: GPTConfig) -> Encoding:
+def _none(cfg: ModelShape) -> Encoding:
     # NoPE: a causal decoder can still infer position from the mask (Haviv et al. 2022).
     return Encoding(input=posenc.NoPositionalEncoding())
 
 
 @register_encoding("sinusoidal", pairs="d_model")
-def _sinusoidal(cfg: GPTConfig) -> Encoding:
+def _sinusoidal(cfg: ModelShape) -> Encoding:
     return Encoding(input=posenc.SinusoidalEncoding(cfg.d_model))
 
 
 @register_encoding("learned")
-def _learned(cfg: GPTConfig) -> Encoding:
+def _learned(cfg: ModelShape) -> Encoding:
     return Encoding(input=posenc.LearnedEmbedding(cfg.max_len, cfg.d_model))
 
 
 @register_encoding("rope", extensions=ROPE_EXTENSIONS, pairs="head_dim", recipes=tuple(RECIPES))
-def _rope(cfg: GPTConfig) -> Encoding:
+def _rope(cfg: ModelShape) -> Encoding:
     # a recipe's model (posenc.lab.recipes): scaled past the training length, PoSE's positions in training
     scaling = getattr(cfg, "rope_scaling", None)
     rotary = posenc.RotaryEmbedding(
@@ -158,64 +158,64 @@ def _rope(cfg: GPTConfig) -> Encoding:
 
 
 @register_encoding("alibi")
-def _alibi(cfg: GPTConfig) -> Encoding:
+def _alibi(cfg: ModelShape) -> Encoding:
     return Encoding(bias=posenc.ALiBi(cfg.n_head))
 
 
 @register_encoding("t5")
-def _t5(cfg: GPTConfig) -> Encoding:
+def _t5(cfg: ModelShape) -> Encoding:
     # Raffel et al. 2020: a learned bias per (bucketed) relative distance and head
     return Encoding(bias=posenc.T5Bias(cfg.n_head))
 
 
 @register_encoding("kerple")
-def _kerple(cfg: GPTConfig) -> Encoding:
+def _kerple(cfg: ModelShape) -> Encoding:
     # Chi et al. 2022, the logarithmic kernel (their best extrapolating variant)
     return Encoding(bias=posenc.KerpleBias(cfg.n_head, kind="log"))
 
 
 @register_encoding("sandwich")
-def _sandwich(cfg: GPTConfig) -> Encoding:
+def _sandwich(cfg: ModelShape) -> Encoding:
     # Chi et al. 2023: parameter-free, from the sinusoidal inner product
     return Encoding(bias=posenc.SandwichBias(cfg.n_head))
 
 
 @register_encoding("fire")
-def _fire(cfg: GPTConfig) -> Encoding:
+def _fire(cfg: ModelShape) -> Encoding:
     # Li et al. 2023; its threshold starts at the training length (see posenc.FireBias)
     return Encoding(bias=posenc.FireBias(cfg.n_head, train_len=cfg.max_len))
 
 
 @register_encoding("xpos", extensions=("bca",), pairs="head_dim")
-def _xpos(cfg: GPTConfig) -> Encoding:
+def _xpos(cfg: ModelShape) -> Encoding:
     # Sun et al. 2022: RoPE with a per-pair decay; evaluated past the training length with blockwise causal
     # attention (the "bca" extension), as in the paper
     return Encoding(rotary=posenc.XPos(cfg.head_dim, base=cfg.rope_base))
 
 
 @register_encoding("shaw")
-def _shaw(cfg: GPTConfig) -> Encoding:
+def _shaw(cfg: ModelShape) -> Encoding:
     # Shaw et al. 2018: learned key and value vectors per clipped distance (k = 16, the paper's), one pair of
     # tables per layer shared by its heads
     return Encoding(layer_bias=lambda: posenc.ShawRelative(cfg.head_dim, max_distance=16))
 
 
 @register_encoding("cope")
-def _cope(cfg: GPTConfig) -> Encoding:
+def _cope(cfg: ModelShape) -> Encoding:
     # Golovneva et al. 2024: positions counted by gates on the query-key scores; one position table per layer
     # with the training length + 1 entries, as their code (a count runs from 0 to the keys a query sees)
     return Encoding(layer_bias=lambda: posenc.CoPE(cfg.head_dim, npos_max=cfg.max_len + 1))
 
 
 @register_encoding("rope-sinks", pairs="head_dim")
-def _rope_sinks(cfg: GPTConfig) -> Encoding:
+def _rope_sinks(cfg: ModelShape) -> Encoding:
     # RoPE with a learned attention sink per head and layer (Xiao et al. 2023; GPT-OSS's form): each softmax
     # row can put weight on "nothing", so no token has to serve as the sink
     return Encoding(rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base), sinks=True)
 
 
 @register_encoding("rope-ssmax", pairs="head_dim")
-def _rope_ssmax(cfg: GPTConfig) -> Encoding:
+def _rope_ssmax(cfg: ModelShape) -> Encoding:
     """RoPE with scalable softmax (SSMax; Nakanishi 2025, arxiv.org/abs/2501.19399), as the paper tests it:
     the query of a row that sees n keys times s_h log(n), s learned per head and layer.
 
@@ -233,7 +233,7 @@ def _rope_ssmax(cfg: GPTConfig) -> Encoding:
 
 
 @register_encoding("fope", pairs="head_dim")
-def _fope(cfg: GPTConfig) -> Encoding:
+def _fope(cfg: ModelShape) -> Encoding:
     # Hua et al. 2024 (posenc.FoPE): a Fourier series per pair and head, fixed coefficients drawn with the
     # paper's sigma = 0.3 (its 60M model's), the frequencies that do not complete a period in the training
     # length clipped to zero
@@ -241,14 +241,14 @@ def _fope(cfg: GPTConfig) -> Encoding:
 
 
 @register_encoding("fox")
-def _fox(cfg: GPTConfig) -> Encoding:
+def _fox(cfg: ModelShape) -> Encoding:
     # Lin et al. 2025, plain FoX: NoPE and a forget gate per head from each layer's normalised hidden state,
     # the decay bias sum of log f between key and query; the cache keeps the cached keys' log-gates
     return Encoding(hidden_terms=lambda: KeyTerm(posenc.ForgetGate(cfg.d_model, cfg.n_head)))
 
 
 @register_encoding("banded")
-def _banded(cfg: GPTConfig) -> Encoding:
+def _banded(cfg: ModelShape) -> Encoding:
     """Inkling's RoPE-free attention (Thinking Machines Lab 2026): NoPE, a banded bias r_i . P[:, i - j] over
     the last extent keys in every layer (posenc.BandedRelative), and Inkling's fixed temperature
     1 + 0.1 log(max(n / L, 1)) on the whole row (q and r). d_rel = 16, Inkling's; extent = L / 2: Inkling's
@@ -271,7 +271,7 @@ RANDOM_RANGE_MULTIPLE = 16
 
 
 @register_encoding("rope-random", pairs="head_dim")
-def _rope_random(cfg: GPTConfig) -> Encoding:
+def _rope_random(cfg: ModelShape) -> Encoding:
     return Encoding(
         rotary=posenc.RotaryEmbedding(cfg.head_dim, base=cfg.rope_base),
         random_positions=RANDOM_RANGE_MULTIPLE * cfg.max_len,
@@ -279,7 +279,7 @@ def _rope_random(cfg: GPTConfig) -> Encoding:
 
 
 @register_encoding("sinusoidal-random", pairs="d_model")
-def _sinusoidal_random(cfg: GPTConfig) -> Encoding:
+def _sinusoidal_random(cfg: ModelShape) -> Encoding:
     return Encoding(
         input=posenc.SinusoidalEncoding(cfg.d_model), random_positions=RANDOM_RANGE_MULTIPLE * cfg.max_len
     )
@@ -317,7 +317,7 @@ def lookup(name: str) -> Scheme:
     return ENCODINGS[name]
 
 
-def build(cfg: GPTConfig) -> Encoding:
+def build(cfg: ModelShape) -> Encoding:
     """The :class:`Encoding` of ``cfg.encoding`` for ``cfg``; a LabError naming the scheme when its builder
     returns something else (a researcher's ``module:function`` returning a bare module, say)."""
     enc = lookup(cfg.encoding)(cfg)
