@@ -26,6 +26,7 @@ from .ledger import is_patched, ledger, undo
 from .plan import position_plan, text_config
 from .remap import patch_remap
 from .replica import check_replica
+from .window import patch_windows
 
 __all__ = ["patch_model", "unpatch_model"]
 
@@ -38,7 +39,9 @@ def patch_model(model, rotary: RotaryEmbedding | None = None, plan=None, remap=N
     positions of its :class:`~posenc.hf.plan.LayerPlan` (``plan``, default :func:`position_plan` of the
     model's config): posenc's cos/sin (identity on NoPE layers), softmax scale and query temperature
     (:mod:`posenc.hf.layers`). A ``plan`` differing from the config's is applied as far as the model's
-    attention code allows, and refused (ValueError) beyond that.
+    attention code allows, and refused (ValueError) beyond that. Sliding-window layers run on posenc's
+    windowed kernel, O(L x window) memory where transformers would build an L x L mask
+    (:mod:`posenc.hf.window`).
 
     For every other family, each ``*RotaryEmbedding`` submodule gets a posenc :class:`RotaryEmbedding`
     (built from its config by :func:`rotary_from_config`, or ``rotary``), stored as its ``posenc_rotary``
@@ -198,8 +201,10 @@ def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
             "pass plan= (see posenc.hf.position_plan)"
         )
     expected = position_plan(config)
+    plan = expected if plan is None else tuple(plan)
     with _recorded(model) as book:
-        patch_layers(model, expected if plan is None else tuple(plan), config, expected, book)
+        patch_layers(model, plan, config, expected, book)
+        patch_windows(model, plan, book)
 
 
 def unpatch_model(model):

@@ -101,6 +101,15 @@ BENCHMARKS: dict[str, Benchmark] = {
             full_lengths=True,
         ),
         Benchmark(
+            "window",
+            "sliding-window attention (Gemma 3's shape, window 512) at 4K, 16K and 64K: posenc's windowed "
+            "kernel against transformers' SDPA with its mask",
+            "windows",
+            lambda m, c: m.run(c.device, c.repeat),
+            "window_table",
+            by_default=False,  # a minute, and the 64K row alone holds gigabytes
+        ),
+        Benchmark(
             "peers",
             "RoPE against transformers eager and compiled and the other RoPE libraries installed, every "
             "layout and dtype, forward and forward+backward, CPU only",
