@@ -165,11 +165,12 @@ def test_patch_model_refuses_what_it_cannot_apply():
     with pytest.raises(ValueError, match="already patched"):
         patch_model(model)
     unpatch_model(model)
-    model, config = build("gemma3")
+    model, config = build("llama4")
     plan = position_plan(config)
-    temperature = position_plan(config_of("llama4"))[3].temperature
-    with pytest.raises(ValueError, match="normalises"):  # Gemma 3 RMS-normalises q after q_proj
-        patch_model(model, plan=tuple(dataclasses.replace(lp, temperature=temperature) for lp in plan))
+    temperature = plan[3].temperature
+    assert model.model.layers[0].self_attn.qk_norm is not None
+    with pytest.raises(ValueError, match="normalises its rotated queries"):  # Llama 4's L2 norm after RoPE
+        patch_model(model, plan=(dataclasses.replace(plan[0], temperature=temperature), *plan[1:]))
 
 
 def test_llama4_temperature_follows_positions_under_left_padding():

@@ -11,6 +11,7 @@ agrees with them and refuses a plan it cannot apply.
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import torch
@@ -21,7 +22,9 @@ from .families import Attention, family, having
 from .ledger import Ledger
 from .plan import LayerPlan, Rope
 
-__all__ = ["ADAPTERS", "patch_layers"]
+__all__ = ["ADAPTERS", "PLANNED_FORMS", "patch_layers"]
+
+PLANNED_FORMS = frozenset({"half", "pairs", "complex"})  # the hand-out forms _State._form makes
 
 
 ADAPTERS = having("attention")
@@ -135,12 +138,10 @@ def _check_plan(plan, layers, adapter: Attention, config, expected) -> None:
                 f"plan layer {lp.layer} asks for RoPE, but this model's attention code rotates only the "
                 f"layers with {adapter.fixed_rope} set; on the others posenc cannot add a rotation"
             )
-        if lp.temperature is not None and (
-            not hasattr(attn, "q_proj") or any(hasattr(attn, n) for n in ("qk_norm", "q_norm"))
-        ):
+        if lp.temperature is not None and (not hasattr(attn, "q_proj") or hasattr(attn, "qk_norm")):
             raise ValueError(
-                f"plan layer {lp.layer} has a query temperature, applied to q_proj's output; this layer "
-                "normalises its queries after q_proj, which would undo it"
+                f"plan layer {lp.layer} has a query temperature, applied to the queries before they are "
+                "rotated; this layer normalises its rotated queries (qk_norm), which would undo it"
             )
 
 
@@ -157,6 +158,16 @@ def _check_linear(plan, expected) -> None:
             )
         if lp.attention == "linear" and (lp.rope, lp.temperature, lp.scale) != (None, None, None):
             raise ValueError(f"plan layer {lp.layer} is a linear-attention layer: it takes no positions")
+
+
+def _check_takes_positions(layers, config) -> None:
+    """A ValueError, before any change, for attention code that takes no cos/sin to replace."""
+    for attn in layers:
+        if "position_embeddings" not in inspect.signature(type(attn).forward).parameters:
+            raise ValueError(
+                f"plan= hands each layer its cos/sin as position_embeddings; {type(attn).__name__} "
+                f"(model_type {_model_type(config)!r}) takes none"
+            )
 
 
 def _model_type(config) -> str:
@@ -183,8 +194,11 @@ def _pre_hook(state: _State, lp: LayerPlan, width: int):
 
 def _temperature_hook(state: _State, lp: LayerPlan):
     def hook(module, args, output):
-        scale = lp.temperature(state.text_positions()).to(output.device)
-        return output * scale[..., None].to(output.dtype)
+        # (batch, seq) scales against q_proj's (batch, seq, features) or a query norm's (batch, heads, seq,
+        # head_dim): the sequence is the second axis from the end in both
+        scale = lp.temperature(state.text_positions()).to(output.device, output.dtype)
+        batch, seq = scale.shape[0] if scale.dim() == 2 else 1, scale.shape[-1]
+        return output * scale.reshape(batch, *[1] * (output.dim() - 3), seq, 1)
 
     return hook
 
@@ -197,11 +211,13 @@ def _record_forward(state: _State):
     return forward
 
 
-def patch_layers(model, plan, config, expected, book: Ledger) -> None:
+def patch_layers(model, plan, config, expected, book: Ledger, adapter: Attention | None = None) -> None:
     """Apply ``plan`` (one :class:`LayerPlan` per layer) to ``model``, every change into ``book``; see the
-    module docstring."""
-    adapter = ADAPTERS[_model_type(config)]
+    module docstring. ``adapter``: how the layers take cos/sin, for a family without one of its own (a
+    single-RoPE family given a plan: its rotary module's hand-out form)."""
     layers = attention_layers(model)
+    adapter = ADAPTERS.get(_model_type(config)) or adapter
+    _check_takes_positions(layers, config)
     _check_linear(plan, expected)
     plan = [lp for lp in plan if lp.attention != "linear"]  # the attention layers, in order
     expected = [lp for lp in expected if lp.attention != "linear"]
@@ -220,7 +236,8 @@ def patch_layers(model, plan, config, expected, book: Ledger) -> None:
             book.set(attn, adapter.rope_flag, True)  # NoPE layers get the identity rotation
         if hasattr(attn, "attn_temperature_tuning"):
             book.set(attn, "attn_temperature_tuning", False)  # posenc applies the plan's temperature instead
-        if lp.temperature is not None:
-            book.hook(attn.q_proj.register_forward_hook(_temperature_hook(state, lp)))
+        if lp.temperature is not None:  # after the query norm where there is one, which would undo it
+            target = getattr(attn, "q_norm", None) or attn.q_proj
+            book.hook(target.register_forward_hook(_temperature_hook(state, lp)))
         if lp.scale is not None:
             book.set(attn, "scaling", lp.scale)

@@ -10,6 +10,7 @@ import types
 from ..remap import NoRemap, Remap
 from ..rope import RotaryEmbedding
 from ._config import config_value, rope_settings, temperature_keys
+from .families import Attention
 from .handout import (
     check_plain,
     device_of,
@@ -21,7 +22,7 @@ from .handout import (
     rope_layer_types,
     typed_forward,
 )
-from .layers import ADAPTERS, patch_layers
+from .layers import ADAPTERS, PLANNED_FORMS, patch_layers
 from .ledger import is_patched, ledger, undo
 from .plan import position_plan, text_config
 from .remap import patch_remap
@@ -191,7 +192,7 @@ def _patch_remap(model, targets, rotary, remap, check: bool = True) -> None:
 
 
 def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
-    if model_type not in ADAPTERS:
+    if model_type not in ADAPTERS and plan is None:
         raise ValueError(
             f"patch_model applies plans to {', '.join(sorted(ADAPTERS))}; got model_type {model_type!r}"
         )
@@ -202,9 +203,23 @@ def _patch_planned(model, config, model_type: str, rotary, plan) -> None:
         )
     expected = position_plan(config)
     plan = expected if plan is None else tuple(plan)
+    adapter = None if model_type in ADAPTERS else _single_rope_adapter(model, model_type)
     with _recorded(model) as book:
-        patch_layers(model, plan, config, expected, book)
+        patch_layers(model, plan, config, expected, book, adapter)
         patch_windows(model, plan, book)
+
+
+def _single_rope_adapter(model, model_type: str) -> Attention:
+    """How the layers of a single-RoPE family given a plan take cos/sin: in its rotary module's hand-out
+    form, read off the module's own output; a ValueError for a form that per-layer cos/sin cannot take."""
+    forms = {handout_form(module, name, model_type) for name, module in _rotary_targets(model)}
+    if len(forms) != 1 or not forms <= PLANNED_FORMS:
+        raise ValueError(
+            f"plan= hands each layer cos/sin in its rotary module's hand-out form; {model_type}'s rotary "
+            f"modules hand out {', '.join(sorted(forms)) or 'nothing'}, and a plan takes "
+            f"{', '.join(sorted(PLANNED_FORMS))}"
+        )
+    return Attention(forms.pop())
 
 
 def unpatch_model(model):
