@@ -1,7 +1,9 @@
 """Rotary position embedding (RoPE; Su et al. 2021, arxiv.org/abs/2104.09864) and everything around it.
 
 - :mod:`.frequencies`: the frequency schedule of every context-extension method, and its registry;
-- :mod:`.table`: cos/sin tables for positions, with one lookup path;
+- :mod:`.table`: cos/sin tables for positions, read through one lookup;
+- :mod:`.base`: :class:`Rotary`, the base of every rotary module: one dispatch (``forward``, ``rotate``)
+  over one hook, ``tables(x, positions, offset, ...) -> (cos, sin)``;
 - :mod:`.embedding`: :class:`RotaryEmbedding`, the module that rotates queries and keys;
 - :mod:`.checks`: the argument checks the rotary modules share;
 - :mod:`.cache_hooks`: what a KV cache asks of a rotary embedding besides rotating;
@@ -17,6 +19,7 @@
 """
 
 from .axial import AxialRotaryEmbedding
+from .base import Rotary
 from .cache import RotaryKVCache, rerotate_keys
 from .embedding import RotaryEmbedding
 from .fope import FoPE
@@ -32,6 +35,7 @@ __all__ = [
     "AxialRotaryEmbedding",
     "FoPE",
     "MRotaryEmbedding",
+    "Rotary",
     "RotaryEmbedding",
     "RotaryKVCache",
     "RotaryProtocol",

@@ -25,7 +25,7 @@ from torch import nn
 
 from .. import _checks
 from .._precision import KeepsPrecision
-from ..kernels import apply_rotary, apply_rotary_qk
+from .base import Checked, Placement, Rotary
 
 __all__ = ["AxialRotaryEmbedding", "axial_frequencies", "grid_positions"]
 
@@ -67,7 +67,7 @@ def grid_positions(*sizes: int, device=None) -> torch.Tensor:
     return torch.stack([m.reshape(-1) for m in mesh], dim=-1).to(torch.float32)
 
 
-class AxialRotaryEmbedding(KeepsPrecision):
+class AxialRotaryEmbedding(KeepsPrecision, Rotary):
     """RoPE over a 2-D (or 3-D) grid of patches, axial or RoPE-Mixed (Heo et al. 2024).
 
     Args:
@@ -83,7 +83,9 @@ class AxialRotaryEmbedding(KeepsPrecision):
         forward(q, k, grid=(H, W) or positions=(N, axes), prefix_tokens=0, *, k_positions=None) -> (q, k),
         with q, k (batch, heads, prefix_tokens + N, head_dim); the first prefix_tokens tokens are not
         rotated; k_positions (N_k, axes) places keys elsewhere. rotate(x, positions=None, *, grid=None,
-        prefix_tokens=0) -> x, one tensor. It implements :class:`~.protocol.RotaryProtocol`.
+        prefix_tokens=0) -> x, one tensor. The dispatch is :class:`~.base.Rotary`'s: this class gives its
+        :meth:`tables` and places its grid (:meth:`place`). It implements
+        :class:`~.protocol.RotaryProtocol`.
     """
 
     precise_buffers = ("freqs",)
@@ -147,12 +149,39 @@ class AxialRotaryEmbedding(KeepsPrecision):
             sin = torch.cat((torch.zeros(pad, dtype=sin.dtype, device=sin.device), sin), dim=1)
         return cos.to(dtype), sin.to(dtype)
 
-    def rotate(self, x, positions=None, *, grid=None, prefix_tokens: int = 0):
-        """Rotate one tensor x (batch, heads, prefix_tokens + N, head_dim) by its grid positions: ``grid``
-        sizes (row-major patches) or explicit ``positions`` (N, axes)."""
-        positions = self._positions(grid, positions, x)
-        self._check("x", x, positions, prefix_tokens)
-        return self._rotate((x,), positions, prefix_tokens)[0]
+    def tables(self, x, positions=None, offset: int = 0, *, kind="q", grid=None, prefix_tokens: int = 0):
+        """cos/sin for x (batch, heads, prefix_tokens + N, head_dim) at its grid positions: ``grid`` sizes
+        (row-major patches) or explicit ``positions`` (N, axes); (N', head_dim/2) shared by the heads, or
+        (heads, N', head_dim/2) for RoPE-Mixed. Queries and keys (``kind``) rotate alike; ``offset`` has no
+        meaning on a grid (a non-zero one is refused)."""
+        _no_offset(offset)
+        if isinstance(positions, Checked):  # placed by forward, which checked q and k
+            positions = positions.positions
+        else:
+            positions = _coordinates(self.axes, grid, positions, x)
+            self._check("x", x, positions, prefix_tokens)
+        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
+        if cos.shape[0] == 1:  # axial: one table for every head
+            cos, sin = cos[0], sin[0]
+        return cos, sin
+
+    def place(self, q, k, positions, k_positions, offset, options: dict) -> Placement:
+        """q at their grid positions (``grid`` sizes or ``positions`` (N, axes)) after ``prefix_tokens``
+        unrotated tokens, k at the same or at ``k_positions`` (N_k, axes), after their own prefix tokens.
+        ``offset`` (of 1-D RoPE's default positions) has no meaning on a grid: a non-zero one is refused."""
+        _no_offset(offset)
+        options = dict(options)
+        positions = _coordinates(self.axes, options.pop("grid", None), positions, q)
+        prefix_tokens = options.get("prefix_tokens", 0)
+        self._check("q", q, positions, prefix_tokens)
+        if k_positions is None:
+            self._check("k", k, positions, prefix_tokens)
+            placed = Checked(positions)
+            return Placement(placed, 0, placed, 0, options)
+        k_positions = _coordinates(self.axes, None, k_positions, k, "k_positions")
+        self._check("k", k, k_positions, prefix_tokens)
+        return Placement(Checked(positions), 0, Checked(k_positions), 0, options)
 
     def forward(
         self, q, k, grid=None, positions=None, prefix_tokens: int = 0, *, k_positions=None, offset: int = 0
@@ -160,21 +189,11 @@ class AxialRotaryEmbedding(KeepsPrecision):
         """Rotate q and k (batch, heads, prefix_tokens + N, head_dim) by their grid positions: ``grid``
         sizes (row-major patches) or explicit ``positions`` (N, axes), e.g. rescaled coordinates. Keys at
         other coordinates than the queries (cross-attention, a cache of patches) take ``k_positions``
-        (N_k, axes), after their own prefix_tokens. ``offset`` (of 1-D RoPE's default positions) has no
-        meaning on a grid: a non-zero one is refused."""
-        if offset:
-            raise ValueError(
-                f"offset={offset!r} is not used with AxialRotaryEmbedding: give grid= or positions= (and "
-                "k_positions=) instead"
-            )
-        positions = self._positions(grid, positions, q)
-        self._check("q", q, positions, prefix_tokens)
-        if k_positions is None:
-            self._check("k", k, positions, prefix_tokens)
-            return self._rotate((q, k), positions, prefix_tokens)
-        k_positions = self._positions(None, k_positions, k, "k_positions")
-        self._check("k", k, k_positions, prefix_tokens)
-        return self._rotate((q,), positions, prefix_tokens) + self._rotate((k,), k_positions, prefix_tokens)
+        (N_k, axes), after their own prefix_tokens. Only the signature is this class's own (the grid
+        comes first): the dispatch is :meth:`Rotary.forward`'s."""
+        return super().forward(
+            q, k, positions, offset, k_positions=k_positions, grid=grid, prefix_tokens=prefix_tokens
+        )
 
     def _check(self, name: str, x, positions, prefix_tokens: int) -> None:
         _checks.tensor_rank(name, x, 3)
@@ -191,40 +210,40 @@ class AxialRotaryEmbedding(KeepsPrecision):
                 "with fewer key/value heads, repeat them to the query heads first"
             )
 
-    def _rotate(self, xs: tuple, positions, prefix_tokens: int) -> tuple:
-        """xs (one tensor, or q and k at the same positions) rotated by one table of ``positions``."""
-        dtype = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, prefix_tokens, dtype)
-        if cos.shape[0] == 1:
-            cos, sin = cos[0], sin[0]
-        if len(xs) == 2:
-            return apply_rotary_qk(*xs, cos, sin, layout=self.layout)
-        return (apply_rotary(xs[0], cos, sin, layout=self.layout),)
-
-    def _positions(self, grid, positions, q, name: str = "positions") -> torch.Tensor:
-        if (grid is None) == (positions is None):
-            raise ValueError("give exactly one of grid (the patch grid's sizes) and positions (N, axes)")
-        if grid is not None:
-            if len(grid) != self.axes:
-                raise ValueError(f"grid must give {self.axes} sizes, got {tuple(grid)}")
-            return grid_positions(*grid, device=q.device)
-        if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[1] != self.axes:
-            got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-            raise ValueError(f"{name} must be a tensor (N, {self.axes}), got {got}")
-        if positions.dtype in _checks.NOT_POSITIONS or positions.is_complex():
-            raise ValueError(
-                f"{name} must have a signed integer or floating dtype (grid coordinates), got "
-                f"{positions.dtype}"
-            )
-        if _checks.can_read(positions) and positions.numel():
-            far = float(positions.abs().amax())
-            if not math.isfinite(far) or far > _checks.MAX_POSITION:
-                raise ValueError(
-                    f"{name} must be finite coordinates of magnitude <= 2^53 (angles are formed in float64), "
-                    f"got largest magnitude {far}"
-                )
-        return positions.to(q.device)
-
     def extra_repr(self) -> str:
         kind = "mixed" if self.mixed else "axial"
         return f"head_dim={self.head_dim}, axes={self.axes}, {kind}, layout={self.layout!r}"
+
+
+def _coordinates(axes: int, grid, positions, q, name: str = "positions") -> torch.Tensor:
+    """Grid coordinates (N, axes) on q's device: those of the row-major ``grid`` of patches, or ``positions``
+    checked (``name``: the argument they came as)."""
+    if (grid is None) == (positions is None):
+        raise ValueError("give exactly one of grid (the patch grid's sizes) and positions (N, axes)")
+    if grid is not None:
+        if len(grid) != axes:
+            raise ValueError(f"grid must give {axes} sizes, got {tuple(grid)}")
+        return grid_positions(*grid, device=q.device)
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 2 or positions.shape[1] != axes:
+        got = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise ValueError(f"{name} must be a tensor (N, {axes}), got {got}")
+    if positions.dtype in _checks.NOT_POSITIONS or positions.is_complex():
+        raise ValueError(
+            f"{name} must have a signed integer or floating dtype (grid coordinates), got {positions.dtype}"
+        )
+    if _checks.can_read(positions) and positions.numel():
+        far = float(positions.abs().amax())
+        if not math.isfinite(far) or far > _checks.MAX_POSITION:
+            raise ValueError(
+                f"{name} must be finite coordinates of magnitude <= 2^53 (angles are formed in float64), "
+                f"got largest magnitude {far}"
+            )
+    return positions.to(q.device)
+
+
+def _no_offset(offset) -> None:
+    if offset:
+        raise ValueError(
+            f"offset={offset!r} is not used with AxialRotaryEmbedding: give grid= or positions= (and "
+            "k_positions=) instead"
+        )

@@ -1,4 +1,5 @@
-"""Argument checks shared by the rotary modules (:mod:`.embedding`, :mod:`.xpos`, :mod:`.cache`).
+"""Argument checks shared by the rotary modules (:mod:`.base`, :mod:`.embedding`, :mod:`.xpos`, :mod:`.fope`,
+:mod:`.cache`).
 
 They live here so that no rotary module reaches into another's private helpers: each check names the
 argument, the value and what is allowed.
@@ -10,7 +11,15 @@ import torch
 
 from .. import _checks
 
-__all__ = ["check_fits", "check_pair", "check_x", "key_positions", "seq_and_positions"]
+__all__ = [
+    "check_distinct",
+    "check_fits",
+    "check_pair",
+    "check_positions",
+    "check_x",
+    "key_positions",
+    "seq_and_positions",
+]
 
 
 def key_positions(q_len: int, k_len: int, positions, k_positions):
@@ -42,8 +51,27 @@ def check_pair(rope, q, k, inplace: bool) -> None:
         raise ValueError(
             f"q and k must share their batch dimensions, got q {tuple(q.shape)} and k {tuple(k.shape)}"
         )
+    if inplace:
+        check_distinct(q, k, inplace)
+
+
+def check_distinct(q, k, inplace: bool) -> None:
+    """q and k are two tensors when rotated in place."""
     if inplace and q.data_ptr() == k.data_ptr() and q.numel():
         raise ValueError("inplace=True with q and k the same tensor would rotate it twice; pass two tensors")
+
+
+def check_positions(x: torch.Tensor, positions) -> None:
+    """1-D positions (seq,) or (batch, seq) for x (..., seq, head_dim): x's length, x's batch (or 1), and
+    a batch dimension in x for batched positions."""
+    if positions is None:
+        return
+    _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() >= 3 else None)
+    if positions.dim() == 2 and x.dim() < 3:
+        raise ValueError(
+            f"batched positions of shape {tuple(positions.shape)} need x with a batch dimension, "
+            f"got x of shape {tuple(x.shape)}"
+        )
 
 
 def check_fits(dtype: torch.dtype, table_dtype: torch.dtype, scale: torch.Tensor, why: str) -> None:

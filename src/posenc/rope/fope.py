@@ -44,9 +44,9 @@ from torch import nn
 
 from .. import _checks
 from .._precision import KeepsPrecision
-from ..kernels import apply_rotary
 from ..kernels.blocked_common import work_dtype
-from .checks import check_pair, check_x, key_positions
+from .base import Rotary
+from .checks import check_x
 
 __all__ = ["FoPE", "fope_frequencies"]
 
@@ -69,7 +69,7 @@ def fope_frequencies(head_dim: int, base: float, train_len: int, fourier_dim: in
     return schedule[schedule >= floor], int((own >= floor).sum())
 
 
-class FoPE(KeepsPrecision):
+class FoPE(KeepsPrecision, Rotary):
     """Fourier Position Embedding (Hua et al. 2024, arxiv.org/abs/2412.17739): see the module docstring for
     the formula and the variant.
 
@@ -93,10 +93,12 @@ class FoPE(KeepsPrecision):
         offset .. offset+k_len-1 and queries the last q_len of them. rotate(x, positions=None, offset=0) -> x.
         cos_sin(positions) -> (C, S), each (heads, seq, head_dim/2) or (batch, heads, seq, head_dim/2),
         float32. Coefficients ``cos_coef``, ``sin_coef``: (heads, D, M'), kept in the state dict and in
-        their dtype through a half-precision cast of the model.
+        their dtype through a half-precision cast of the model. The dispatch is :class:`~.base.Rotary`'s:
+        this class gives its per-head :meth:`tables`.
     """
 
     precise_buffers = ("cos_coef", "sin_coef")
+    shared_tables = False  # the tables are per head of each tensor: q's and k's counts may differ
 
     def __init__(
         self,
@@ -157,8 +159,11 @@ class FoPE(KeepsPrecision):
             out.append(torch.cat((series, pad), -1).to(dtype))
         return out[0], out[1]
 
-    def rotate(self, x: torch.Tensor, positions=None, offset: int = 0) -> torch.Tensor:
-        """One tensor x (batch, heads, seq, head_dim) at ``positions`` (+ ``offset``), else at offset .."""
+    def tables(self, x: torch.Tensor, positions=None, offset: int = 0, *, kind="q"):
+        """C and S for x (batch, heads, seq, head_dim) at ``positions`` (+ ``offset``), else at offset ..:
+        (heads, seq, head_dim/2) or (batch, heads, seq, head_dim/2), a query head sharing its key head's
+        when x has ``heads`` times more heads (grouped-query attention). Queries and keys (``kind``) go
+        through the same maps."""
         check_x(self, "x", x)
         _checks.tensor_rank("x", x, 3)
         _checks.offset(offset)
@@ -167,19 +172,7 @@ class FoPE(KeepsPrecision):
         else:
             _checks.positions(positions, x.shape[-2], x.shape[0])
         cos, sin = self.cos_sin(positions, offset, work_dtype(x.dtype))
-        return _transform(x, cos, sin, self.heads, self.layout)
-
-    def forward(self, q, k, positions=None, offset: int = 0, *, k_positions=None):
-        """q and k through the same per-position maps; positions as :meth:`RotaryEmbedding.forward`."""
-        check_pair(self, q, k, False)
-        _checks.offset(offset)
-        q_len, k_len = q.shape[-2], k.shape[-2]
-        k_positions = key_positions(q_len, k_len, positions, k_positions)
-        if positions is None and k_positions is None:
-            return self.rotate(q, offset=offset + max(k_len - q_len, 0)), self.rotate(k, offset=offset)
-        if positions is None:
-            positions = k_positions[..., k_len - q_len :]
-        return self.rotate(q, positions, offset), self.rotate(k, k_positions, offset)
+        return _per_head(x, cos, sin, self.heads)
 
     def extra_repr(self) -> str:
         return (
@@ -226,11 +219,11 @@ def _draw(fope: FoPE, n_freqs: int, generator) -> torch.Tensor:
     )
 
 
-def _transform(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, layout: str):
-    """(a, b) -> (a C - b S, a S + b C) per pair, C and S (..., heads, seq, head_dim/2), on RoPE's kernels
-    (:func:`posenc.kernels.apply_rotary`: they take any C, S, and their backward, the map with S negated, is
-    the transpose of this one whether or not C^2 + S^2 = 1); a query head shares its key head's tables when
-    it has ``heads`` times more heads."""
+def _per_head(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int):
+    """C, S (..., heads, seq, head_dim/2) for x's heads. The map (a, b) -> (a C - b S, a S + b C) runs on
+    RoPE's kernels (:func:`posenc.kernels.apply_rotary`: they take any C, S, and their backward, the map with
+    S negated, is the transpose of this one whether or not C^2 + S^2 = 1); a query head shares its key
+    head's tables when it has ``heads`` times more heads."""
     n = x.shape[-3]
     if n != heads:
         if n % heads:
@@ -239,4 +232,4 @@ def _transform(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int
                 "multiple of it (grouped-query attention)"
             )
         cos, sin = cos.repeat_interleave(n // heads, -3), sin.repeat_interleave(n // heads, -3)
-    return apply_rotary(x, cos, sin, layout=layout)
+    return cos, sin

@@ -23,10 +23,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import nn
 
 from .. import _checks
-from ..kernels import apply_rotary, apply_rotary_qk
+from .base import Checked, Placement, Rotary
 from .frequencies import resolve_schedule
 from .table import align_to, call_context, cos_sin_of
 
@@ -100,7 +99,7 @@ def _section(mrope_section) -> tuple[int, ...]:
     return tuple(_checks.positive_int(f"mrope_section[{i}]", s) for i, s in enumerate(mrope_section))
 
 
-class MRotaryEmbedding(nn.Module):
+class MRotaryEmbedding(Rotary):
     """Multimodal RoPE: pair k rotated by p[axis(k)] * omega_k (Wang et al. 2024, Qwen2-VL sec. 2.1).
 
     Args:
@@ -120,7 +119,9 @@ class MRotaryEmbedding(nn.Module):
         forward(q, k, positions, *, k_positions=None) -> (q, k): q (batch, heads, q_len, head_dim), k
         (batch, kv_heads, k_len, head_dim); positions (axes, batch, q_len) (time, height, width: one row
         per mrope_section entry), or (batch, q_len) / (q_len,) for text, the same on every axis; k_positions
-        the keys' (default: ``positions``, when q and k have one length). It implements
+        the keys' (default: ``positions``, when q and k have one length). rotate(x, positions, *,
+        context_len=None) -> x. The dispatch is :class:`~.base.Rotary`'s: this class gives its
+        :meth:`tables` and places its (axes, batch, seq) positions (:meth:`place`). It implements
         :class:`~.protocol.RotaryProtocol`.
     """
 
@@ -190,48 +191,38 @@ class MRotaryEmbedding(nn.Module):
         inv, attn = self.schedule.at(seq_len=call_context(positions) if context_len is None else context_len)
         return inv, float(attn)
 
-    def _tables(self, x: torch.Tensor, positions, context_len=None):
+    def tables(self, x, positions=None, offset: int = 0, *, kind="q", context_len=None):
+        """cos/sin for x (batch, heads, seq, head_dim) at its (axes, batch, seq) positions (or text positions
+        (batch, seq) / (seq,)), shaped to broadcast against x; float64 for float64 x, else float32. Queries
+        and keys (``kind``) rotate alike; ``offset`` has no meaning here (a non-zero one is refused)."""
+        _no_offset(offset)
+        if isinstance(positions, Checked):  # placed by forward, which checked them with q (and k)
+            positions = positions.positions
+        else:
+            _needs_positions(positions)
+            self._check("x", x, positions)
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
         cos, sin = self.cos_sin(positions.to(x.device), dtype, context_len)
         if cos.dim() == 2:
             return cos, sin
         return align_to(cos, sin, x, "positions")
 
-    def rotate(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, context_len=None
-    ) -> torch.Tensor:
-        """Rotate one tensor x (batch, heads, seq, head_dim) by its (axes, batch, seq) positions."""
+    def place(self, q, k, positions, k_positions, offset, options: dict) -> Placement:
+        """Queries at their (axes, batch, q_len) ``positions``, keys at ``k_positions`` (axes, batch, k_len),
+        by default the queries' when q and k have one length. ``offset`` (of 1-D RoPE's default positions)
+        has no meaning here: a non-zero one is refused."""
         _needs_positions(positions)
-        self._check("x", x, positions)
-        return apply_rotary(x, *self._tables(x, positions, context_len), layout=self.layout)
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        *,
-        k_positions: torch.Tensor | None = None,
-        offset: int = 0,
-    ):
-        """Rotate queries by their (axes, batch, q_len) ``positions`` and keys by ``k_positions``
-        (axes, batch, k_len), by default the queries' when q and k have one length. ``offset`` (of 1-D
-        RoPE's default positions) has no meaning here: a non-zero one is refused."""
-        _needs_positions(positions)
-        if offset:
-            raise ValueError(
-                f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead"
-            )
+        _no_offset(offset)
         self._check("q", q, positions)
-        if k_positions is not None:  # one schedule for both: a length-dependent one at the keys' length
-            axes = len(self.mrope_section)
-            context = call_context(_positions(k_positions, axes)) if self.schedule.length_dependent else None
-            return self.rotate(q, positions, context_len=context), self.rotate(
-                k, k_positions, context_len=context
-            )
-        self._check("k", k, positions, " (keys of another length: give the keys' k_positions=)")
-        cos, sin = self._tables(q, positions)
-        return apply_rotary_qk(q, k, cos, sin, layout=self.layout)
+        if k_positions is None:
+            self._check("k", k, positions, " (keys of another length: give the keys' k_positions=)")
+            placed = Checked(positions)
+            return Placement(placed, 0, placed, 0, options)
+        if self.schedule.length_dependent and options.get("context_len") is None:
+            # one schedule for both: a length-dependent one at the keys' length
+            context = call_context(_positions(k_positions, len(self.mrope_section)))
+            options = {**options, "context_len": context}
+        return Placement(Checked(positions), 0, k_positions, 0, options)  # k's, its tables check
 
     def _check(self, name: str, x, positions, hint: str = "") -> None:
         _checks.tensor_rank(name, x, 2)
@@ -251,6 +242,11 @@ class MRotaryEmbedding(nn.Module):
             f"head_dim={self.head_dim}, mrope_section={list(self.mrope_section)}, base={self.base:g}, "
             f"order={self.order!r}, layout={self.layout!r}"
         )
+
+
+def _no_offset(offset) -> None:
+    if offset:
+        raise ValueError(f"offset={offset!r} is not used with MRotaryEmbedding: give k_positions= instead")
 
 
 def _needs_positions(positions) -> None:

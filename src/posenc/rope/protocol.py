@@ -13,8 +13,10 @@ posenc has five, each of which implements :class:`RotaryProtocol`:
 * :class:`~.fope.FoPE` (Hua et al. 2024, arxiv.org/abs/2412.17739): a Fourier series per pair, per head, the
   frequencies below the training length's floor clipped to zero (a scaled rotation, not a pure one).
 
-Anything else with these methods (and callable, as an ``nn.Module`` is: calling it runs ``forward``)
-passes ``isinstance(obj, RotaryProtocol)`` and works with ``posenc.attention(rotary=obj)``.
+All five derive from :class:`~.base.Rotary`, whose ``forward`` and ``rotate`` are one dispatch over a
+``tables(x, positions, offset, ...) -> (cos, sin)`` hook; a subclass overriding that hook alone is a rotary
+embedding too. Anything else with these methods (and callable, as an ``nn.Module`` is: calling it runs
+``forward``) passes ``isinstance(obj, RotaryProtocol)`` and works with ``posenc.attention(rotary=obj)``.
 """
 
 from __future__ import annotations

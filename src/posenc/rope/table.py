@@ -1,13 +1,19 @@
-"""cos/sin tables for RoPE: theta = p * omega_k, attention factor included, with one lookup path.
+"""cos/sin tables for RoPE: theta = p * omega_k, attention factor included, read through one lookup.
 
-A :class:`CosSinTable` answers "cos and sin at these positions" for one :class:`~.frequencies.Schedule`:
+A :class:`CosSinTable` answers "cos and sin at these positions" for one :class:`~.frequencies.Schedule`, and
+:meth:`CosSinTable.lookup` is the only way to ask it:
 
 * the schedule's frequencies at the original context (static methods, and length-dependent methods up
   to it) are memoised as float32 rows 0..n-1 per device, grown by doubling, up to ``CACHE_LIMIT``
   positions: a contiguous range of positions is a slice of them, integer positions a gather;
 * anything else is formed afresh from float64 angles: fractional positions, positions past the cache
   limit (a table reaching position 10^7 would take gigabytes), float64 requests, and per-sequence
-  schedules (a length-dependent method at another context length, or a per-sequence factor).
+  schedules (a length-dependent method at another context length, or a per-sequence factor);
+* while torch.compile traces, a run of positions is a slice of rows an eager call already made, or fresh
+  angles: never a memo grown inside the graph.
+
+The same rows laid out for the small decode kernel (:meth:`RowMemo.small_rows`) are another thing: not
+cos and sin but the operands :func:`posenc.kernels.rotate_small` multiplies by.
 
 The memo (:class:`RowMemo`, which :class:`CosSinTable` extends with the schedules and the lookup) is a
 plain attribute, not a buffer: it never reaches a ``state_dict`` and a model-wide ``.half()`` cannot round
@@ -120,54 +126,49 @@ class CosSinTable(RowMemo):
         return self.schedule.at(context_len if self.schedule.length_dependent else None, factor)
 
     # ------------------------------------------------------------------ lookup
-    def at(self, seq_len: int, positions, offset, device, dtype, context_len=None, factor=None):
-        """cos/sin at ``positions`` (checked already) + ``offset``, or at offset .. offset+seq_len-1."""
-        _checks.offset(offset)
-        traced = _checks.tracing()
-        if positions is None and traced and context_len is None and factor is None:
-            if not self.schedule.length_dependent:  # a symbolic start and length stay symbolic
-                return self.traced_run(offset, seq_len, device, dtype)
-        if positions is None and traced:
-            positions = torch.arange(offset, offset + seq_len, device=device)
-        elif positions is None:
-            positions = range(offset, offset + seq_len)
-        else:
-            positions = positions if device is None else positions.to(device)
-            positions = positions + offset if offset else positions
-        return self.lookup(positions, device=device, dtype=dtype, context_len=context_len, factor=factor)
-
-    def for_tensor(self, x: torch.Tensor, positions, offset, context_len=None, factor=None):
-        """cos/sin for x (..., seq, head_dim) at ``positions`` (+ ``offset``), shaped to broadcast against x;
-        float64 for float64 x, else float32."""
-        if positions is not None:
-            _checks.positions(positions, x.shape[-2], x.shape[0] if x.dim() >= 3 else None)
-            if positions.dim() == 2 and x.dim() < 3:
-                raise ValueError(
-                    f"batched positions of shape {tuple(positions.shape)} need x with a batch dimension, "
-                    f"got x of shape {tuple(x.shape)}"
-                )
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.at(x.shape[-2], positions, offset, x.device, dtype, context_len, factor)
-        return align_to(cos, sin, x, "factor/context_len/positions")
-
     def lookup(
         self,
-        positions: torch.Tensor | range,
+        positions: torch.Tensor | None = None,
+        offset=0,
         *,
+        length=None,
         device=None,
         dtype: torch.dtype = torch.float32,
         context_len=None,
         factor=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at ``positions``: a ``range`` (a contiguous run, on ``device``) or a tensor (seq,) or
-        (batch, seq), integer or fractional. ``context_len`` / ``factor``: see :meth:`frequencies`; for a
-        length-dependent method the context defaults to 1 + the largest position, per sequence for (batch,
-        seq) positions, so a sequence's rotation never depends on what else is in the batch."""
-        _check_per_sequence("context_len", context_len, minimum=1, integer=True)
-        if isinstance(positions, range):
-            device = torch.device("cpu") if device is None else torch.device(device)
+        """cos and sin at ``positions`` + ``offset``: every read of the table goes through here.
+
+        Args:
+            positions: a tensor (seq,) or (batch, seq), integer or fractional, checked by the caller (moved
+                to ``device`` when one is given); None: the run offset .. offset+length-1 (on ``device``,
+                the CPU when None; ``offset`` and ``length`` may be symbolic while torch.compile traces).
+            dtype: the tables' dtype (float32; float64 for float64 inputs).
+            context_len, factor: the schedule, see :meth:`frequencies`; for a length-dependent method the
+                context defaults to 1 + the largest position, per sequence for (batch, seq) positions, so a
+                sequence's rotation never depends on what else is in the batch.
+
+        Returns:
+            cos, sin: (seq, rotary_dim/2), or (batch, seq, rotary_dim/2) for (batch, seq) positions or a
+            per-sequence schedule. A run is a slice of the memoised rows and integer positions a gather of
+            them; fractional or far positions, float64 tables and other schedules are fresh float64 angles.
+        """
+        _checks.offset(offset)
+        traced = _checks.tracing()
+        if positions is None:
+            if traced and context_len is None and factor is None and not self.schedule.length_dependent:
+                return self._traced_run(offset, length, device, dtype)  # start and length stay symbolic
+            if traced:
+                positions = torch.arange(offset, offset + length, device=device)
+            else:  # a range: its end is known without reading a tensor
+                positions = range(offset, offset + length)
+                device = torch.device("cpu") if device is None else torch.device(device)
         else:
+            positions = positions if device is None else positions.to(device)
+            positions = positions + offset if offset else positions
+        if not isinstance(positions, range):
             device = positions.device
+        _check_per_sequence("context_len", context_len, minimum=1, integer=True)
         scaled = factor is not None or (self.schedule.length_dependent and context_len is not None)
         if self.schedule.length_dependent and context_len is None:
             context_len = default_context(positions)
@@ -175,17 +176,10 @@ class CosSinTable(RowMemo):
         if scaled:
             inv, attn = self.frequencies(context_len, factor)
             return cos_sin_of(_as_tensor(positions, device), inv, attn, dtype)
-        if isinstance(positions, range):
-            end = positions.stop
-        elif _checks.can_read(positions) and not positions.is_floating_point():
-            end = int(positions.max()) + 1 if positions.numel() else 0
-        else:  # fractional, or reading the largest position would sync with the device
-            end = CACHE_LIMIT + 1
-        if (
-            _checks.tracing()
-        ):  # fresh angles are pure ops the compiler can fuse; a memo would be a side effect
+        if traced:  # fresh angles are pure ops the compiler can fuse; a memo would be a side effect
             inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
             return cos_sin_of(_as_tensor(positions, device), inv, self.attention_factor, dtype)
+        end = _end(positions)
         if dtype == torch.float64 or end > CACHE_LIMIT:
             return cos_sin_of(_as_tensor(positions, device), self.inv_freq64, self.attention_factor, dtype)
         cos, sin = self._rows(end, device)
@@ -193,7 +187,7 @@ class CosSinTable(RowMemo):
             return cos[positions.start : positions.stop], sin[positions.start : positions.stop]
         return cos[positions], sin[positions]
 
-    def traced_run(self, start, length, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _traced_run(self, start, length, device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of positions start .. start+length-1 while torch.compile traces (start and length may be
         symbolic): a slice of the memoised rows when an eager call already made enough of them (the
         compiled graph then reads them like a weight), else fresh angles. Never the memo under
@@ -205,6 +199,16 @@ class CosSinTable(RowMemo):
         inv = torch.tensor(self._inv_freq_values, dtype=torch.float64, device=device)
         positions = torch.arange(start, start + length, device=device)
         return cos_sin_of(positions, inv, self.attention_factor, dtype)
+
+
+def _end(positions) -> int:
+    """1 + the largest position the memoised rows must hold; past ``CACHE_LIMIT`` for positions that are
+    fractional or whose largest one could only be read by syncing with the device (fresh angles then)."""
+    if isinstance(positions, range):
+        return positions.stop
+    if _checks.can_read(positions) and not positions.is_floating_point():
+        return int(positions.max()) + 1 if positions.numel() else 0
+    return CACHE_LIMIT + 1
 
 
 def _lay_out(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:

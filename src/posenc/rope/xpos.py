@@ -19,18 +19,25 @@ factor bounds the scaling, so a component of size a overflows a distance B ln(a)
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
 from .. import _checks
-from ..kernels import apply_rotary
-from .checks import check_fits, check_pair, check_x, key_positions
+from .base import Placement
+from .checks import check_fits, check_positions
 from .embedding import RotaryEmbedding
 from .table import align_to
 
 __all__ = ["XPos", "blockwise_causal_mask"]
 
 KINDS = ("q", "k")
+
+
+class _CallCentre(NamedTuple):
+    """The centre a forward call takes once, from its keys, for both tables: checked once, never read."""
+
+    value: object
 
 
 class XPos(RotaryEmbedding):
@@ -49,12 +56,16 @@ class XPos(RotaryEmbedding):
             already scaled needs one centre for the whole sequence: give it here or to each call.
 
     Shape:
-        forward(q, k, positions=None, offset=0, *, k_positions=None, centre=None) -> (q, k), as
+        forward(q, k, positions=None, offset=0, inplace=False, *, k_positions=None, centre=None) -> (q, k), as
         :meth:`RotaryEmbedding.forward`; ``centre``: a number or a (batch,) tensor, one per sequence.
         rotate(x, positions=None, offset=0, *, kind="q", centre=None) -> x: one tensor, as queries unless
         ``kind="k"`` (queries scale by zeta^(+n/B), keys by zeta^(-n/B)); with the default centre,
-        ``rotate(x)`` is ``forward(x, k)[0]`` for any k of x's length.
+        ``rotate(x)`` is ``forward(x, k)[0]`` for any k of x's length. The dispatch is
+        :class:`~.base.Rotary`'s: this class gives RoPE's :meth:`tables` times its scale, per kind, and the
+        centre a call's queries and keys share (:meth:`place`).
     """
+
+    shared_tables = False  # queries and keys scale apart
 
     def __init__(
         self,
@@ -68,6 +79,7 @@ class XPos(RotaryEmbedding):
         centre: float | None = None,
     ):
         super().__init__(head_dim, base=base, rotary_dim=rotary_dim, layout=layout)
+        self.decodes_from_rows = False  # the memoised rows are RoPE's, without the scale
         self.scale_base = _checks.positive_float("scale_base", scale_base)
         self.gamma = _checks.positive_float("gamma", gamma)  # gamma = 0 makes zeta_0 = 0: 0^(-x) = inf
         self.centre = None if centre is None else float(_checks.number("centre", centre))
@@ -92,21 +104,34 @@ class XPos(RotaryEmbedding):
         log_zeta = torch.tensor(self._log_zeta, dtype=torch.float64, device=pos.device)
         return torch.exp(exponent[..., None] * log_zeta)
 
-    def rotate(
+    def tables(
         self, x, positions=None, offset: int = 0, *, kind="q", centre=None, context_len=None, factor=None
     ):
-        """Rotate and scale one tensor x (..., seq, head_dim) as queries (kind="q", the default: what
-        :meth:`forward` returns for q) or keys (kind="k").
+        """RoPE's cos and sin (:meth:`RotaryEmbedding.tables`) times the xPos factors of x (..., seq,
+        head_dim) as queries (kind="q", the default: what :meth:`forward` does to q) or keys (kind="k").
 
         ``centre`` (else the module's, else the middle of x's own positions): pass the same one for the
         queries and keys that will meet, e.g. new tokens' keys appended to a cache of scaled keys.
         """
         _checks.one_of("kind", kind, KINDS)
-        check_x(self, "x", x)
-        cos, sin = self.table.for_tensor(x, positions, offset, context_len, factor)
+        cos, sin = super().tables(x, positions, offset, context_len=context_len, factor=factor)
         p = self._positions(x, positions, offset)
-        c = self._centre(centre, p, offset, x.shape[-2], positions is None)
-        return apply_rotary(x, *self._scaled(x, cos, sin, p, c, kind), layout=self.layout)
+        if isinstance(centre, _CallCentre):
+            c = centre.value
+        else:
+            c = self._centre(centre, p, offset, x.shape[-2], positions is None)
+        return self._scaled(x, cos, sin, p, c, kind)
+
+    def place(self, q, k, positions, k_positions, offset, options: dict) -> Placement:
+        """:meth:`RotaryEmbedding.place`, and the centre q and k share: ``centre``, else the module's, else
+        the middle of the key positions."""
+        at = super().place(q, k, positions, k_positions, offset, options)
+        pk = None  # the keys' positions: only a default centre of explicit ones reads them
+        if at.k is not None and at.options.get("centre") is None and self.centre is None:
+            check_positions(k, at.k)  # before the tables would: the centre is taken first
+            pk = self._positions(k, at.k, at.k_offset)
+        c = self._centre(at.options.get("centre"), pk, at.k_offset, k.shape[-2], at.k is None)
+        return at._replace(options={**at.options, "centre": _CallCentre(c)})
 
     def check_cache_mode(self, mode: str) -> None:
         """A cache that keeps keys already scaled needs the fixed centre its queries will be scaled about."""
@@ -133,24 +158,6 @@ class XPos(RotaryEmbedding):
     def shift_scale(self, delta):
         """zeta_i^(-delta/B): a key's scale at p + delta over its scale at p (the centre cancels)."""
         return self.scale(delta, 0.0, "k")
-
-    def forward(
-        self, q, k, positions=None, offset: int = 0, inplace: bool = False, *, k_positions=None, centre=None
-    ):
-        """Rotate and scale queries and keys; positions as :meth:`RotaryEmbedding.forward` (queries default to
-        the last q_len key positions). The default centre is the middle of the key positions, shared by q."""
-        check_pair(self, q, k, inplace)
-        q_len, k_len = q.shape[-2], k.shape[-2]
-        k_positions = key_positions(q_len, k_len, positions, k_positions)
-        q_offset = offset if positions is not None else offset + max(k_len - q_len, 0)
-        cos_q, sin_q = self.table.for_tensor(q, positions, q_offset)
-        cos_k, sin_k = self.table.for_tensor(k, k_positions, offset)
-        pq, pk = self._positions(q, positions, q_offset), self._positions(k, k_positions, offset)
-        c = self._centre(centre, pk, offset, k_len, k_positions is None)
-        return (
-            apply_rotary(q, *self._scaled(q, cos_q, sin_q, pq, c, "q"), layout=self.layout, inplace=inplace),
-            apply_rotary(k, *self._scaled(k, cos_k, sin_k, pk, c, "k"), layout=self.layout, inplace=inplace),
-        )
 
     def _positions(self, x, positions, offset) -> torch.Tensor:
         if positions is None:
