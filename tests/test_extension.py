@@ -27,6 +27,10 @@ def test_each_method_makes_one_thing_from_a_factor_and_a_trained_length(name):
         assert extension.TRAINED not in scaling.values()
         with pytest.raises(ValueError, match=f"{name} changes RoPE's frequencies"):
             method.remap_for(2048, 8192)
+    elif method.kind == "layers":  # a layer conversion: neither a scaling nor a remap, its layers named
+        assert method.without_rope and method.layers == "global"
+        with pytest.raises(ValueError, match=f"{name} converts layers"):
+            method.scaling(4.0, 2048)
     else:
         remap = method.remap_for(2048, 8192)
         assert isinstance(remap, Remap) and repr(remap) == repr(

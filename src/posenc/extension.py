@@ -1,6 +1,8 @@
 """Context-extension methods: the one registry. A method extends a RoPE model trained at N tokens to a factor
 s more, either by its frequencies (a Hugging Face scaling dict that :class:`posenc.RotaryEmbedding` and
-transformers read) or, training-free, by remapping distances in attention (a :class:`posenc.remap.Remap`).
+transformers read), training-free by remapping distances in attention (a :class:`posenc.remap.Remap`), or by
+converting layers: taking RoPE away from a model's global layers, as SWAN-GPT's NoPE global layers
+(Puvvada et al. 2025, arXiv:2504.08719), with or without a log-length query temperature.
 
 Every other place that names a method is a view of :data:`METHODS`: ``posenc extend``'s methods and help,
 the laboratory's eval-time extensions, ``posenc plot frequencies``, ``posenc zoo --scaling``. A new method is
@@ -38,6 +40,14 @@ class ExtensionMethod:
             such: its frequencies are then the plain ones bit for bit).
         lab: the laboratory evaluates it as an eval-time extension of every RoPE model.
         length_dependent: its frequencies change with the sequence length (dynamic NTK).
+        without_rope: a layer conversion: the layers it applies to lose RoPE (their queries and keys are no
+            longer rotated); ``layers`` names them.
+        query_temperature: with ``without_rope``, those layers' queries are also scaled by
+            max(1, ln(p + 1) / ln N) at position p (the log-length scaling of attention scores that keeps
+            their entropy from growing with the length: Chiang & Cholak 2022, arXiv:2202.12172; SWAN-GPT's
+            dynamic scaling of its NoPE layers).
+        layers: the layers a method applies to by default (``global``, ``sliding``, ``all``, ``every:K``,
+            ``i,j,k``: :mod:`posenc.real.layers`); None: those the caller's default gives.
     """
 
     name: str
@@ -49,17 +59,23 @@ class ExtensionMethod:
     identity_at_one: bool = False
     lab: bool = False
     length_dependent: bool = False
+    without_rope: bool = False
+    query_temperature: bool = False
+    layers: str | None = None
 
     @property
     def kind(self) -> str:
-        """ "frequencies" or "remap"."""
-        return "frequencies" if self.rope_type is not None else "remap"
+        """ "frequencies", "remap" or "layers" (a layer conversion)."""
+        if self.rope_type is not None:
+            return "frequencies"
+        return "remap" if self.remap is not None else "layers"
 
     def scaling(self, factor: float, train_len: int) -> dict:
         """The Hugging Face scaling dict that extends a model trained at ``train_len`` tokens by ``factor``;
         :func:`posenc.rope.frequencies.resolve_schedule` validates it when it is used."""
         if self.rope_type is None:
-            raise ValueError(f"{self.name} remaps distances in attention: it has no RoPE scaling")
+            what = "remaps distances in attention" if self.remap else "converts layers"
+            raise ValueError(f"{self.name} {what}: it has no RoPE scaling")
         extra = {k: train_len if v == TRAINED else v for k, v in self.scaling_keys.items()}
         return {"rope_type": self.rope_type, "factor": factor, **extra}
 
@@ -116,8 +132,14 @@ def register(method: ExtensionMethod) -> ExtensionMethod:
     trained)."""
     if method.name in METHODS or method.name == "none":
         raise ValueError(f"an extension method named {method.name!r} exists already")
-    if (method.rope_type is None) == (method.remap is None):
-        raise ValueError(f"{method.name}: give exactly one of rope_type (frequencies) or remap (distances)")
+    given = [method.rope_type is not None, method.remap is not None, method.without_rope]
+    if sum(given) != 1:
+        raise ValueError(
+            f"{method.name}: give exactly one of rope_type (frequencies), remap (distances) or without_rope "
+            "(a layer conversion)"
+        )
+    if method.query_temperature and not method.without_rope:
+        raise ValueError(f"{method.name}: query_temperature is for a layer conversion (without_rope=True)")
     METHODS[method.name] = method
     return method
 
@@ -139,7 +161,7 @@ def extension_scaling(method: str, factor: float, original_length: int) -> dict:
         frequency = [n for n, m in METHODS.items() if m.rope_type is not None]
         raise ValueError(
             f"method must be one of {', '.join(map(repr, frequency))} (the frequency methods); got "
-            f"{method!r}, which remaps distances"
+            f"{method!r}, which {'remaps distances' if found.remap else 'converts layers'}"
         )
     return found.scaling(factor, original_length)
 
@@ -244,6 +266,23 @@ for _method in (
             "original_max_position_embeddings": TRAINED,
         },
         identity_at_one=True,
+    ),
+    ExtensionMethod(
+        "nope-global",
+        "NoPE global",
+        "the global (full-attention) layers without RoPE, the sliding-window layers as trained: SWAN-GPT's "
+        "layout reached without training (Puvvada et al. 2025, arXiv:2504.08719)",
+        without_rope=True,
+        layers="global",
+    ),
+    ExtensionMethod(
+        "nope-global-temp",
+        "NoPE global + temperature",
+        "nope-global with each global layer's queries scaled by max(1, ln(p + 1) / ln N): the log-length "
+        "scaling SWAN-GPT applies to its NoPE layers at inference (Puvvada et al. 2025, arXiv:2504.08719)",
+        without_rope=True,
+        query_temperature=True,
+        layers="global",
     ),
     ExtensionMethod(
         "selfextend",

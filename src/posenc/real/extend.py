@@ -1,53 +1,55 @@
-"""``posenc extend``: a pretrained model, each context-extension method, perplexity and passkey retrieval at
+"""``posenc extend``: a pretrained model, each context-extension method, perplexity and long-context tasks at
 each length.
 
-For every method (:data:`~posenc.real.methods.EXTEND_METHODS`) and length, the model runs with the
-method's RoPE (:func:`~posenc.real.methods.method_rotary`, factor = the longest length over the trained
-length) or its remapped distances (:func:`~posenc.real.methods.method_remap`) over:
+For every method (a ``--methods`` entry: :mod:`posenc.real.layers`) and length, the model runs as the
+method's :class:`~posenc.real.methods.Treatment` says (its RoPE, its remapped distances, or its per-layer
+plan; factor = the longest length over the trained length) over:
 
 - ``windows`` windows that end at the same tokens at every length (:mod:`posenc.real.corpus`), scored on
   their last ``score_tokens`` tokens (the same tokens at every length), on all their tokens, on their
   first ``short_tokens`` (what a short prompt gets: the cost of a method inside the trained length), and
   per context-length bucket;
-- ``passkey_trials`` passkey prompts in the model's chat template, the needle at evenly spaced depths
-  (:mod:`posenc.real.passkey`).
+- the task suite (:mod:`posenc.real.tasks`, RULER's tasks): ``trials`` haystacks per task and length,
+  each run once and answered by its questions from that one forward (:mod:`posenc.real.trials`); every
+  method sees the same trials, so they pair (:mod:`posenc.real.pairs`);
+- ``passkey_trials`` teacher-forced passkey prompts (:mod:`posenc.real.passkey`), one forward each (the
+  task suite's ``passkey`` task asks the same thing and shares its forwards).
 
-Work is saved after every forward pass, in ``<out>/cells/<length>-<schedule>.json``: a cell holds the
-results of one RoPE schedule (and remap) at one length, keyed by the model, dtype, device type and
-schedule, and each result in it by a digest of the tokens it scored. A killed run loses at most one
-forward pass; a rerun, or one with more windows or methods, computes only what is missing. Two methods
-whose schedules coincide at a length (dynamic NTK inside the trained length is the model as trained)
-share one cell.
+A ``--budget`` (:mod:`posenc.real.budgets`) sizes what no flag gives. Work is saved after every forward
+pass in cells (:mod:`posenc.real.cells`): a killed run loses at most one forward pass, and a rerun computes
+only what is missing.
 
 Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``, ``extend.png``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import sys
 import time
-from dataclasses import asdict, dataclass, field
-from importlib import metadata
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from posenc.real.budgets import check_budget, default_budget
+from posenc.real.cells import cells_for
+from posenc.real.continuation import Continuation
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
+from posenc.real.layers import DEFAULT_LAYERS, parse_method
 from posenc.real.loader import RealModel
 from posenc.real.methods import (
     EXTEND_METHODS,
-    applied,
     check_applicable,
     check_extendable,
-    method_remap,
-    method_rotary,
     trained_length,
+    treatment,
 )
 from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
+from posenc.real.results import method_row, payload, trial_costs, trial_scores
 from posenc.real.scoring import Scorer, window_stats
-from posenc.runs.files import write_text_atomic
+from posenc.real.tasks import TASKS, check_tasks, make_trials, min_length
+from posenc.real.trials import run_trial, trial_item
 from posenc.runs.memory import measured_peak
 
 __all__ = [
@@ -60,28 +62,33 @@ __all__ = [
     "run_extend",
 ]
 
-_CELL_VERSION = 1
 SCORE_TOKENS = 1024
 SHORT_TOKENS = 1024
+NO_TASKS = ("none",)  # --tasks none: perplexity (and the passkey prompts) only
 
 
 @dataclass(frozen=True)
 class ExtendSettings:
-    """What ``posenc extend`` measures. None means: derived from the model (see :func:`resolve`).
+    """What ``posenc extend`` measures. None means: the budget's, or derived from the model (:func:`resolve`).
 
-    methods: keys of :data:`EXTEND_METHODS`. lengths: token counts (default: the trained length and twice
-    it; on CUDA also four times). windows: windows per length. passkey_trials: prompts per length, 0 for
-    none. score_tokens: the final tokens every length scores (default min(1024, shortest length / 8)).
-    short_tokens: the first tokens scored as a short prompt (default min(1024, that length - 1)).
-    train_len: the trained length (default from the config). factor: the extension factor (default the
-    longest length / train_len, at least 1). corpus: a text file or folder (default the standard library).
-    seed: the passkey keys. chat: ask the passkey in the model's chat template when it has one.
+    budget: a name in :data:`posenc.real.budgets.BUDGETS` (default: :func:`~.budgets.default_budget`).
+    methods: ``--methods`` entries (:mod:`posenc.real.layers`). layers: the layers a frequency method changes
+    unless its entry names some. lengths: token counts (default: the budget's multiples of the trained
+    length). windows: perplexity windows per length. tasks: names in :data:`posenc.real.tasks.TASKS`, or
+    ("none",). trials: haystacks per task and length. questions: questions per haystack (default: each
+    task's). passkey_trials: teacher-forced passkey prompts per length, 0 for none. score_tokens: the final
+    tokens every length scores (default min(1024, shortest length / 8)). short_tokens: the first tokens
+    scored as a short prompt (default min(1024, that length - 1)). answer_tokens: the most tokens an answer
+    may take (default: the budget's, else each task's). train_len: the trained length (default
+    from the config). factor: the extension factor (default the longest length / train_len, at least 1).
+    corpus: a text file or folder (default the standard library). seed: the tasks' and passkeys' draws.
+    chat: ask in the model's chat template when it has one.
     """
 
-    methods: tuple[str, ...] = tuple(EXTEND_METHODS)
+    methods: tuple[str, ...] | None = None
     lengths: tuple[int, ...] | None = None
-    windows: int = 4
-    passkey_trials: int = 8
+    windows: int | None = None
+    passkey_trials: int = 0
     score_tokens: int | None = None
     short_tokens: int | None = None
     train_len: int | None = None
@@ -89,6 +96,12 @@ class ExtendSettings:
     corpus: str | None = None
     seed: int = 0
     chat: bool = True
+    budget: str | None = None
+    tasks: tuple[str, ...] | None = None
+    trials: int | None = None
+    questions: int | None = None
+    layers: str = DEFAULT_LAYERS
+    answer_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,12 @@ class Plan:
     short_length: int | None  # the length whose windows give the short-prompt perplexity
     train_len: int
     factor: float
+    budget: str = "default"
+    tasks: tuple[str, ...] = ()
+    trials: int = 1
+    questions: int | None = None
+    layers: str = DEFAULT_LAYERS
+    answer_tokens: int | None = None
 
 
 @dataclass
@@ -124,36 +143,57 @@ def _positive(name: str, value, minimum: int = 1) -> int:
 
 def check_settings(settings: ExtendSettings) -> None:
     """The checks that need no model, so that a bad flag is refused before the model loads."""
-    methods = tuple(settings.methods)
-    if not methods:
-        raise ValueError(f"--methods is empty; choose from {', '.join(EXTEND_METHODS)}")
-    unknown = [m for m in methods if m not in EXTEND_METHODS]
-    if unknown:
-        raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(EXTEND_METHODS)}")
-    if len(set(methods)) != len(methods):
-        raise ValueError(f"--methods names a method twice: {list(methods)}")
+    check_budget(settings.budget)
+    methods = settings.methods
+    if methods is not None:
+        if not methods:
+            raise ValueError(f"--methods is empty; choose from {', '.join(EXTEND_METHODS)}")
+        unknown = [m for m in methods if "+" not in m and "@" not in m and m not in EXTEND_METHODS]
+        if unknown:
+            raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(EXTEND_METHODS)}")
+        if len(set(methods)) != len(methods):
+            raise ValueError(f"--methods names a method twice: {list(methods)}")
+        for m in methods:
+            parse_method(m)
     for n in settings.lengths or ():
         _positive("--lengths", n, minimum=16)
     if settings.lengths is not None and not settings.lengths:
         raise ValueError("--lengths is empty; give token counts like 8192,16384")
-    _positive("--windows", settings.windows)
+    for name, value, least in (("--windows", settings.windows, 1), ("--trials", settings.trials, 1)):
+        if value is not None:
+            _positive(name, value, least)
     _positive("--passkey-trials", settings.passkey_trials, minimum=0)
     for name, value in (("--train-len", settings.train_len), ("--score-tokens", settings.score_tokens)):
         if value is not None:
             _positive(name, value)
-    if settings.short_tokens is not None:
-        _positive("--short-tokens", settings.short_tokens)
+    for name, value in (
+        ("--short-tokens", settings.short_tokens),
+        ("--questions", settings.questions),
+        ("--answer-tokens", settings.answer_tokens),
+    ):
+        if value is not None:
+            _positive(name, value)
+    if settings.tasks is not None and tuple(settings.tasks) != NO_TASKS:
+        check_tasks(settings.tasks)
     f = settings.factor
     if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 1):
         raise ValueError(f"--factor must be a finite number >= 1, got {f!r}")
 
 
+def _planned(config) -> bool:
+    from posenc.hf.layers import ADAPTERS
+    from posenc.hf.plan import text_config
+
+    return (_config_get(text_config(config), "model_type") or "") in ADAPTERS
+
+
 def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
-    """Check ``settings`` and fill in what the model decides; a ValueError naming the flag otherwise."""
+    """Check ``settings`` and fill in what the budget and the model decide; a ValueError naming the flag
+    otherwise."""
     check_settings(settings)
-    train_len = settings.train_len or trained_length(config)
-    mults = (1, 2, 4) if device.type == "cuda" else (1, 2)
-    lengths = tuple(sorted(set(settings.lengths or [train_len * m for m in mults])))
+    budget = check_budget(settings.budget) or default_budget(device.type == "cuda")
+    train_len = settings.train_len or budget.train_len or trained_length(config)
+    lengths = tuple(sorted(set(settings.lengths or [train_len * m for m in budget.mults])))
     shortest, longest = lengths[0], lengths[-1]
     score = settings.score_tokens or min(SCORE_TOKENS, shortest // 8)
     if score >= shortest:
@@ -162,34 +202,70 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
     short_length = within[0] if within else None
     short = min(settings.short_tokens or SHORT_TOKENS, (short_length or shortest) - 1)
     factor = settings.factor if settings.factor is not None else max(1.0, longest / train_len)
+    planned = _planned(config)
+    default_methods = (budget.planned if planned else budget.methods) or _applicable(config, planned)
+    tasks = tuple(TASKS) if settings.tasks is None else tuple(settings.tasks)
     return Plan(
-        methods=tuple(settings.methods),
+        methods=tuple(settings.methods or default_methods),
         lengths=lengths,
-        windows=settings.windows,
+        windows=settings.windows or budget.windows,
         passkey_trials=settings.passkey_trials,
         score_tokens=score,
         short_tokens=short,
         short_length=short_length,
         train_len=train_len,
         factor=float(factor),
+        budget=budget.name,
+        tasks=() if tasks == NO_TASKS else tasks,
+        trials=settings.trials or budget.trials,
+        questions=settings.questions or budget.questions,
+        layers=settings.layers,
+        answer_tokens=settings.answer_tokens or budget.answer_tokens,
     )
 
 
-def check_methods(plan: Plan, config) -> tuple[dict, dict, dict]:
-    """Each method's RoPE and remap for the model of ``config``, and (method, length) -> why it cannot run
-    there; a ValueError naming the method before any work when one cannot run on this model at all, or
-    when no chosen method applies at any length (nothing would be measured)."""
-    rotaries = {
-        m: method_rotary(config, m, factor=plan.factor, train_len=plan.train_len) for m in plan.methods
+def _applicable(config, planned: bool) -> tuple[str, ...]:
+    """Every method that applies to the model of ``config``: a plan takes no remap, and a layer conversion
+    (NoPE on the global layers) applies to a model with sliding-window layers (on a model whose every layer
+    is global it would take all of its positions away: asked for by name, it runs)."""
+    from posenc.extension import METHODS
+    from posenc.hf.plan import text_config
+
+    sliding = "sliding_attention" in (_config_get(text_config(config), "layer_types") or ())
+
+    def applies(m: str) -> bool:
+        kind = "none" if m == "none" else METHODS[m].kind
+        return not (planned and kind == "remap") and not (kind == "layers" and not sliding)
+
+    return tuple(m for m in EXTEND_METHODS if applies(m))
+
+
+def _config_get(config, name: str):
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def check_methods(plan: Plan, config) -> tuple[dict, dict]:
+    """Each method's :class:`~posenc.real.methods.Treatment` for the model of ``config``, and (method, length)
+    -> why it cannot run there; a ValueError naming the method before any work when one cannot run on this
+    model at all, or when no chosen method applies at any length (nothing would be measured)."""
+    treatments = {
+        m: treatment(
+            config,
+            m,
+            factor=plan.factor,
+            train_len=plan.train_len,
+            longest=plan.lengths[-1],
+            layers=plan.layers,
+        )
+        for m in plan.methods
     }
-    remaps = {m: method_remap(m, train_len=plan.train_len, longest=plan.lengths[-1]) for m in plan.methods}
     refused: dict[tuple[str, int], str] = {}
-    for m in plan.methods:
-        check_applicable(config, m, remaps[m])
+    for m, t in treatments.items():
+        check_applicable(config, m, t.remap)
         for n in plan.lengths:
-            if remaps[m] is not None:
+            if t.remap is not None:
                 try:
-                    remaps[m].check_length(n, plan.train_len)
+                    t.remap.check_length(n, plan.train_len)
                 except ValueError as e:
                     refused[m, n] = str(e)
     if len(refused) == len(plan.methods) * len(plan.lengths):
@@ -198,47 +274,33 @@ def check_methods(plan: Plan, config) -> tuple[dict, dict, dict]:
             f"nothing to measure: none of --methods {','.join(plan.methods)} applies at --lengths "
             f"{','.join(map(str, plan.lengths))} (trained length {plan.train_len}); {m} at {n}: {why}"
         )
-    return rotaries, remaps, refused
+    return treatments, refused
 
 
-# ---------------------------------------------------------------------------------------------- cells
+def fitting_tasks(plan: Plan, tokenizer, chat: bool, *, asked: bool) -> tuple[tuple[str, ...], dict]:
+    """The tasks of ``plan`` that fill its shortest length with this tokenizer, and task -> why not for the
+    others. A task the user named (``asked``) that cannot fill it is a ValueError, before any forward pass;
+    the default tasks leave it out (the report says so)."""
+    kept, left = [], {}
+    for task in plan.tasks:
+        least = min_length(task, tokenizer, chat=chat, questions=_questions(task, plan.questions))
+        if plan.lengths[0] >= least:
+            kept.append(task)
+            continue
+        if asked:
+            raise ValueError(
+                f"--tasks {task} needs at least {least} tokens with this tokenizer, and --lengths starts at "
+                f"{plan.lengths[0]}; use longer lengths or leave {task} out of --tasks"
+            )
+        left[task] = f"needs at least {least} tokens; the shortest length is {plan.lengths[0]}"
+    return tuple(kept), left
 
 
-def _schedule_digest(rotary, remap, length: int) -> str:
-    """What decides a RoPE forward at ``length``: the frequencies, attention factor, dimensions, layout, and
-    the remap of a training-free method."""
-    inv_freq, attention = rotary.frequencies(length)
-    h = hashlib.sha256(inv_freq.to(torch.float64).numpy().tobytes())
-    h.update(repr((float(attention), rotary.rotary_dim, rotary.head_dim, rotary.layout)).encode())
-    if remap is not None:
-        h.update(repr(remap).encode())
-    return h.hexdigest()[:16]
-
-
-def _model_digest(info: dict) -> str:
-    folder = Path(info["folder"])
-    files = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file())
-    return hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
-
-
-class Cell:
-    """The saved results of one schedule at one length: ``items`` by key, written after each addition."""
-
-    def __init__(self, path: Path, key: dict, first: str):
-        self.path, self.key = path, key
-        self.first = first  # the first method (in the run's order) whose schedule this is
-        self.items: dict[str, dict] = {}
-        if path.is_file():
-            try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                saved = {}
-            if saved.get("key") == key:  # results of another model, dtype or schedule are not reused
-                self.items = saved.get("items", {})
-
-    def add(self, item: str, result: dict) -> None:
-        self.items[item] = result
-        write_text_atomic(self.path, json.dumps({"key": self.key, "items": self.items}))
+def _questions(task: str, asked: int | None) -> int | None:
+    """Questions per haystack of ``task``: ``asked`` (None: the task's own), at most what the task takes (a
+    task with one answer per haystack, such as cwe, asks once)."""
+    most = TASKS[task].max_questions
+    return asked if asked is None or most is None else min(asked, most)
 
 
 # ---------------------------------------------------------------------------------------------- work
@@ -246,40 +308,45 @@ class Cell:
 
 @dataclass(frozen=True)
 class _Job:
-    """One forward pass: a window to score or a passkey prompt to answer."""
+    """One long forward pass: a window to score, a passkey prompt to answer, or a trial whose questions
+    continue it. ``tokens``: what it reads, for the progress bar."""
 
     item: str
-    ids: list[int]
+    kind: str
+    tokens: int
     what: str
+    ids: tuple[int, ...] = ()
     prompt: PasskeyPrompt | None = None
+    trial: object = None
 
 
-def _jobs(plan: Plan, length: int, windows: list, docs: list, start: list[int], prompts) -> list[_Job]:
+def _jobs(
+    plan: Plan, length: int, windows: list, docs: list, start: list[int], prompts, trials
+) -> list[_Job]:
     jobs = []
     for i, w in enumerate(windows):
         ids = window_ids(docs[w.document], w, length, start)
         item = f"window/{ids_digest(ids)}/{plan.score_tokens}/{plan.short_tokens}"
-        jobs.append(_Job(item, ids, f"window {i + 1}/{len(windows)}"))
+        jobs.append(_Job(item, "window", len(ids), f"window {i + 1}/{len(windows)}", tuple(ids)))
     for i, p in enumerate(prompts.get(length, [])):
-        jobs.append(
-            _Job(
-                f"passkey/{ids_digest(p.ids)}/{p.answer_len}",
-                list(p.ids),
-                f"passkey {i + 1}/{len(prompts[length])}",
-                p,
-            )
-        )
+        item = f"passkey/{ids_digest(p.ids)}/{p.answer_len}"
+        jobs.append(_Job(item, "passkey", len(p.ids), f"passkey {i + 1}/{len(prompts[length])}", p.ids, p))
+    for t in trials.get(length, []):
+        what = f"{t.task} {t.index + 1}/{plan.trials}"
+        jobs.append(_Job(trial_item(t), "trial", length, what, trial=t))
     return jobs
 
 
-def _run_job(scorer: Scorer, job: _Job, plan: Plan, device: torch.device, tokenizer) -> dict:
+def _run_job(scorer: Scorer, runner: Continuation, job: _Job, plan: Plan, device, tokenizer) -> dict:
+    if job.kind == "trial":
+        return run_trial(runner, job.trial, device)
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
-        if job.prompt is None:
-            result = window_stats(scorer.nll(job.ids), plan.score_tokens, plan.short_tokens)
+        if job.kind == "window":
+            result = window_stats(scorer.nll(list(job.ids)), plan.score_tokens, plan.short_tokens)
         else:
             p = job.prompt
-            picked = scorer.answers(job.ids, p.answer_len)
+            picked = scorer.answers(list(p.ids), p.answer_len)
             result = {
                 "hit": picked == list(p.ids[-p.answer_len :]),
                 "depth": p.depth,
@@ -291,6 +358,44 @@ def _run_job(scorer: Scorer, job: _Job, plan: Plan, device: torch.device, tokeni
     result["seconds"] = round(time.perf_counter() - t0, 3)
     result["peak_mib"] = round(peak() / 2**20, 1)
     return result
+
+
+def _inputs(plan: Plan, settings: ExtendSettings, tokenizer):
+    """The windows (and their documents), passkey prompts and trials every method runs at each length."""
+    start = start_tokens(tokenizer)
+    need = plan.lengths[-1] - len(start)
+    docs = load_documents(settings.corpus, tokenizer, need, enough=plan.windows)
+    windows = choose_windows(docs, plan.windows, need, plan.score_tokens)
+    prompts = {
+        n: passkey_prompts(tokenizer, n, plan.passkey_trials, seed=settings.seed, chat=settings.chat)
+        for n in plan.lengths
+        if plan.passkey_trials
+    }
+    trials = {
+        n: [
+            _capped(t, plan.answer_tokens)
+            for task in plan.tasks
+            for t in make_trials(
+                task,
+                tokenizer,
+                n,
+                plan.trials,
+                seed=settings.seed,
+                chat=settings.chat,
+                questions=_questions(task, plan.questions),
+            )
+        ]
+        for n in plan.lengths
+    }
+    return docs, windows, start, prompts, trials
+
+
+def _capped(trial, most: int | None):
+    """``trial`` with no answer longer than ``most`` tokens (None: as the task sets them)."""
+    if most is None:
+        return trial
+    questions = tuple(replace(q, max_new_tokens=min(q.max_new_tokens, most)) for q in trial.questions)
+    return replace(trial, questions=questions)
 
 
 def run_extend(
@@ -306,21 +411,55 @@ def run_extend(
     device = next(model.parameters()).device
     check_extendable(model.config)
     plan = resolve(settings, model.config, device)
-    rotaries, remaps, refused = check_methods(plan, model.config)  # before the corpus is tokenized
-    start = start_tokens(tokenizer)
-    need = plan.lengths[-1] - len(start)
-    docs = load_documents(settings.corpus, tokenizer, need, enough=plan.windows)
-    windows = choose_windows(docs, plan.windows, need, plan.score_tokens)
-    prompts = {
-        n: passkey_prompts(tokenizer, n, plan.passkey_trials, seed=settings.seed, chat=settings.chat)
-        for n in plan.lengths
-        if plan.passkey_trials
+    treatments, refused = check_methods(plan, model.config)  # before the corpus is tokenized
+    tasks, left_out = fitting_tasks(plan, tokenizer, settings.chat, asked=settings.tasks is not None)
+    plan = replace(plan, tasks=tasks)
+    if progress and left_out:
+        print(f"left out: {'; '.join(f'{t} {why}' for t, why in left_out.items())}", file=sys.stderr)
+    if progress:
+        _print_plans(treatments)
+    docs, windows, start, prompts, trials = _inputs(plan, settings, tokenizer)
+    jobs = {n: _jobs(plan, n, windows, docs, start, prompts, trials) for n in plan.lengths}
+    cells = cells_for(out, real.info, model, treatments, plan.lengths, refused)
+    todo = _todo(plan, cells, jobs)
+    bar = _progress(sum(j.tokens for *_, run in todo for j in run), progress)
+    scorer = Scorer(model) if todo else None
+    runner = Continuation(model, tokenizer)
+    extra = _extra(plan, settings, tokenizer, left_out)
+    corpus = {
+        "path": settings.corpus,
+        "windows": [{"document": docs[w.document].name, "end": w.end} for w in windows],
     }
-    chat = bool(settings.chat and getattr(tokenizer, "chat_template", None))
-    jobs = {n: _jobs(plan, n, windows, docs, start, prompts) for n in plan.lengths}
-    cells = _cells(out, real.info, model, rotaries, remaps, plan, refused)
 
-    todo, seen = [], set()  # (method, length, jobs to run): each cell once, in the order of the methods
+    def write(final: bool) -> tuple[dict, str, list[str]]:
+        rows = [method_row(m, plan, jobs, cells, treatments[m], refused) for m in plan.methods]
+        scored = {
+            "trials": trial_scores(plan.methods, plan.lengths, jobs, cells),
+            "trial_costs": trial_costs(plan.lengths, jobs, cells, plan.methods),
+        }
+        data = payload(real.info, plan, settings, corpus, rows, {**extra, **scored})
+        return (data, *report.write(out, data, figure=final))
+
+    try:
+        for m, n, run in todo:
+            with treatments[m].applied(model):
+                for job in run:
+                    if bar is not None:
+                        bar.set_postfix_str(f"{m} @ {n}: {job.what}")
+                    cells[m, n].add(job.item, _run_job(scorer, runner, job, plan, device, tokenizer))
+                    if bar is not None:
+                        bar.update(job.tokens)
+            write(final=False)  # the finished cells are readable while the rest runs
+    finally:
+        if bar is not None:
+            bar.close()
+    data, table, files = write(final=figure)
+    return ExtendResult(data, table, time.perf_counter() - t_start, files)
+
+
+def _todo(plan: Plan, cells: dict, jobs: dict) -> list:
+    """(method, length, jobs to run): each cell once, in the order of the methods."""
+    todo, seen = [], set()
     for m in plan.methods:
         for n in plan.lengths:
             cell = cells[m, n]
@@ -329,50 +468,41 @@ def run_extend(
                 missing = [j for j in jobs[n] if j.item not in cell.items]
                 if missing:
                     todo.append((m, n, missing))
-    bar = _progress(sum(len(j.ids) for *_, run in todo for j in run), progress)
-    scorer = Scorer(model) if todo else None
-
-    def write(final: bool) -> tuple[dict, str, list[str]]:
-        rows = [_row(m, plan, jobs, cells, rotaries[m], remaps[m], refused) for m in plan.methods]
-        payload = _payload(real.info, plan, settings, windows, docs, rows, chat)
-        return (payload, *report.write(out, payload, figure=final))
-
-    try:
-        for m, n, run in todo:
-            with applied(model, rotaries[m], remaps[m]):
-                for job in run:
-                    if bar is not None:
-                        bar.set_postfix_str(f"{m} @ {n}: {job.what}")
-                    cells[m, n].add(job.item, _run_job(scorer, job, plan, device, tokenizer))
-                    if bar is not None:
-                        bar.update(len(job.ids))
-            write(final=False)  # the finished cells are readable while the rest runs
-    finally:
-        if bar is not None:
-            bar.close()
-    payload, table, files = write(final=figure)
-    return ExtendResult(payload, table, time.perf_counter() - t_start, files)
+    return todo
 
 
-def _cells(out: Path, info: dict, model, rotaries: dict, remaps: dict, plan: Plan, refused: dict):
-    """(method, length) -> its cell. Methods whose schedules coincide at a length share one cell; where a
-    remap cannot keep a length's distances inside the trained length (``refused``) the method gets none."""
-    param = next(model.parameters())
-    base = {"version": _CELL_VERSION, "model": _model_digest(info), "dtype": str(param.dtype)}
-    base["device"] = param.device.type
-    made: dict[tuple[str, int], Cell] = {}
-    cells: dict[tuple[str, int], Cell | None] = {}
-    for m in plan.methods:
-        for n in plan.lengths:
-            if (m, n) in refused:
-                cells[m, n] = None
-                continue
-            digest = _schedule_digest(rotaries[m], remaps[m], n)
-            if (digest, n) not in made:
-                key = {**base, "schedule": digest, "length": n}
-                made[digest, n] = Cell(out / "cells" / f"{n}-{digest}.json", key, m)
-            cells[m, n] = made[digest, n]
-    return cells
+def _extra(plan: Plan, settings: ExtendSettings, tokenizer, left_out: dict) -> dict:
+    """What results.json records of the passkey prompts and the task suite besides their results."""
+    from posenc.real.passkey import KEY_DIGITS
+    from posenc.real.tasks import ESSAY_SOURCE
+
+    chat = bool(settings.chat and getattr(tokenizer, "chat_template", None))
+    return {
+        "budget": plan.budget,
+        "passkey": {
+            "trials": plan.passkey_trials,
+            "digits": KEY_DIGITS,
+            "seed": settings.seed,
+            "chat_template": chat,
+        },
+        "tasks": {
+            "names": list(plan.tasks),
+            "left_out": left_out,
+            "titles": {t: TASKS[t].title for t in plan.tasks},
+            "trials": plan.trials,
+            "questions": plan.questions,
+            "seed": settings.seed,
+            "chat_template": chat,
+            "essay_haystack": ESSAY_SOURCE,
+        },
+        "layers": plan.layers,
+    }
+
+
+def _print_plans(treatments: dict) -> None:
+    """What each method does to the model, before it runs (results.json records it too, as "plan")."""
+    for m, t in treatments.items():
+        print(f"{m}:\n  " + "\n  ".join(t.lines()), file=sys.stderr)
 
 
 def _progress(total: int, enabled: bool):
@@ -381,120 +511,3 @@ def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="extend", unit="tok", unit_scale=True, dynamic_ncols=True)
-
-
-# ---------------------------------------------------------------------------------------------- results
-
-
-def _ppl(parts: list[list]) -> float | None:
-    total, n = math.fsum(p[0] for p in parts), sum(p[1] for p in parts)
-    return math.exp(total / n) if n else None
-
-
-def _row(method: str, plan: Plan, jobs: dict, cells: dict, rotary, remap, refused: dict) -> dict:
-    """One method's results: every measure keyed by the length as a string, None where not measured (yet,
-    or at all: ``not_applicable`` says why)."""
-    row = {
-        "method": method,
-        "description": EXTEND_METHODS[method],
-        "scaling": rotary.scaling,
-        "remap": None if remap is None else repr(remap),
-        "ppl": {},
-        "ppl_all": {},
-        "ppl_short": None,
-        "passkey": {},
-        "passkey_hits": {},
-        "passkey_ci95": {},
-        "passkey_trials": {},
-        "ppl_by_context": {},
-        "same_as": {},
-        "not_applicable": {},
-        "seconds": 0.0,
-        "seconds_by_length": {},
-        "peak_mib": None,
-    }
-    for n in plan.lengths:
-        cell, key = cells[method, n], str(n)
-        if cell is None:
-            row["not_applicable"][key] = refused[method, n]
-            for name in ("ppl", "ppl_all", "ppl_by_context", "passkey"):
-                row[name][key] = None
-            continue
-        if cell.first != method:
-            row["same_as"][key] = cell.first
-        done = [cell.items.get(j.item) for j in jobs[n]]
-        wins = [r for j, r in zip(jobs[n], done, strict=True) if j.prompt is None]
-        keys = [r for j, r in zip(jobs[n], done, strict=True) if j.prompt is not None]
-        _fill_perplexity(row, key, wins, short=n == plan.short_length)
-        _fill_passkey(row, key, keys)
-        present = [r for r in done if r is not None]
-        row["seconds_by_length"][key] = round(math.fsum(r["seconds"] for r in present), 1)
-        peaks = [r["peak_mib"] for r in present]
-        if peaks:
-            row["peak_mib"] = max(row["peak_mib"] or 0.0, *peaks)
-    row["seconds"] = round(math.fsum(row["seconds_by_length"].values()), 1)
-    return row
-
-
-def _fill_perplexity(row: dict, key: str, wins: list, *, short: bool) -> None:
-    """A length's perplexities (of the final tokens, of every token, of the first tokens at the trained
-    length, by context bucket) from its windows' saved results; None until every window is done."""
-    whole = all(r is not None for r in wins)
-    row["ppl"][key] = _ppl([r["tail"] for r in wins]) if whole else None
-    row["ppl_all"][key] = _ppl([r["all"] for r in wins]) if whole else None
-    if whole and short:
-        row["ppl_short"] = _ppl([r["head"] for r in wins])
-    row["ppl_by_context"][key] = (
-        [[b[0], b[1], _ppl([r["buckets"][i][2:] for r in wins])] for i, b in enumerate(wins[0]["buckets"])]
-        if whole
-        else None
-    )
-
-
-def _fill_passkey(row: dict, key: str, keys: list) -> None:
-    """A length's passkey accuracy, hits, 95% Wilson interval and trials; None until every prompt is done."""
-    from posenc.lab.stats import wilson_interval
-
-    if not keys or any(r is None for r in keys):
-        row["passkey"][key] = None
-        return
-    hits = sum(r["hit"] for r in keys)
-    row["passkey"][key] = hits / len(keys)
-    row["passkey_hits"][key] = hits
-    row["passkey_ci95"][key] = list(wilson_interval(hits, len(keys)))
-    row["passkey_trials"][key] = [{k: r[k] for k in ("depth", "key", "hit", "answer")} for r in keys]
-
-
-def _payload(
-    info: dict, plan: Plan, settings: ExtendSettings, windows, docs, rows: list[dict], chat: bool
-) -> dict:
-    from posenc.real.passkey import KEY_DIGITS
-    from posenc.runs.provenance import environment
-
-    versions = {}
-    for name in ("transformers", "tokenizers", "gguf", "accelerate"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return {
-        "model": info,
-        "train_len": plan.train_len,
-        "factor": plan.factor,
-        "lengths": list(plan.lengths),
-        "score_tokens": plan.score_tokens,
-        "short_tokens": plan.short_tokens,
-        "short_length": plan.short_length,
-        "corpus": {
-            "path": settings.corpus,
-            "windows": [{"document": docs[w.document].name, "end": w.end} for w in windows],
-        },
-        "passkey": {
-            "trials": plan.passkey_trials,
-            "digits": KEY_DIGITS,
-            "seed": settings.seed,
-            "chat_template": chat,
-        },
-        "results": rows,
-        "provenance": {**environment(info["device"]), **versions, "settings": asdict(settings)},
-    }

