@@ -47,6 +47,9 @@ def test_a_model_in_parts_is_assembled_once_and_checked(monkeypatch, tmp_path):
     assert shipped.shipped_gguf("gemma3-270m", tmp_path / "cache") == path
     assert path.stat().st_mtime_ns == mtime  # not assembled again
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
+    (path.parent / (path.name + ".parts.json")).write_text("[]")  # the parts installed elsewhere
+    assert shipped.shipped_gguf("gemma3-270m", tmp_path / "cache") == path
+    assert path.stat().st_mtime_ns == mtime  # the same file is kept: its conversion stays valid
 
 
 def test_parts_that_do_not_match_the_shipped_sha256_are_refused(monkeypatch, tmp_path):

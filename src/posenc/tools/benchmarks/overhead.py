@@ -31,7 +31,7 @@ def measure(name: str, length: int, repeat: int, device: torch.device) -> dict:
     ours = load_real_model(name, device=device)
     patch_model(ours.model)
     docs = load_documents(None, plain.tokenizer, length, enough=1)
-    ids = torch.tensor([[int(t) for t in docs[0].ids[:length]]], device=device)
+    ids = torch.tensor([[int(t) for t in docs[0].tokens[:length]]], device=device)
 
     def forward(model):
         def call():
