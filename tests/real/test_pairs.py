@@ -49,7 +49,19 @@ def test_the_suggestion_keeps_what_no_method_beats_and_then_the_simplest():
     payload = _payload({("none", 2 * L): [0] * 20, ("selfextend", 2 * L): good, ("yarn", 2 * L): good})
     pick = pairs.suggest(payload, pairs.Trials.read(payload))
     assert pick.startswith("Suggested start at 2000 tokens (2x): yarn")  # not separable, yarn is simpler
-    assert "separably worse: none" in pick
+    assert "separably worse on the tasks: none" in pick
+
+
+def test_a_method_whose_perplexity_breaks_is_not_suggested_where_the_tasks_cannot_tell():
+    payload = _payload({("none", 2 * L): [0] * 8, ("yarn", 2 * L): [1] + [0] * 7})
+    payload["results"][0]["ppl"][str(2 * L)] = 950.0  # the model as trained, past its length
+    payload["results"][1]["ppl"][str(2 * L)] = 6.9
+    pick = pairs.suggest(payload, pairs.Trials.read(payload))
+    assert pick.startswith("Suggested start at 2000 tokens (2x): yarn") and "over the tolerance: none" in pick
+    payload["results"][0]["ppl"][str(2 * L)] = 7.2  # within 10%: the simpler one again
+    assert pairs.suggest(payload, pairs.Trials.read(payload)).startswith(
+        "Suggested start at 2000 tokens (2x): none"
+    )
 
 
 def test_only_complete_cells_are_scored_and_the_effective_length_reads_the_means():

@@ -35,6 +35,7 @@ from posenc.runs.tables import grid_table
 
 __all__ = [
     "ALPHA",
+    "PPL_TOLERANCE",
     "SIMPLICITY",
     "Trials",
     "comparisons_section",
@@ -46,6 +47,7 @@ __all__ = [
 ]
 
 ALPHA = 0.05  # each pair's test; not corrected for the number of pairs
+PPL_TOLERANCE = 1.10  # a method's perplexity within 10% of the lowest counts as keeping the model's language
 TRIAL_FIELDS = ("method", "length", "task", "trial", "score")
 SIMPLICITY = ("the model as trained", "fixed RoPE scalings", "length-dependent scalings", "remaps")
 ALL_TASKS = "all tasks"
@@ -272,8 +274,10 @@ def separable_facts(trials: Trials, train_len: int, alpha: float = ALPHA) -> lis
 
 def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
     """The suggestion from paired statistics: at the longest length past the trained one that some methods
-    have every trial of, the methods that no other beats separably (over all tasks' trials, at ``alpha``);
-    of those the simplest (:func:`simplicity`), then the highest mean score, then the lowest perplexity."""
+    have every trial of, the methods that no other beats separably (over all tasks' trials, at ``alpha``)
+    and whose perplexity there is within :data:`PPL_TOLERANCE` of the lowest (the same tokens for every
+    method: a method that breaks the model's language is out even where the tasks cannot tell); of those the
+    simplest (:func:`simplicity`), then the highest mean score, then the lowest perplexity."""
     L = payload["train_len"]
     longer = [n for n in trials.lengths if n > L and any(trials.scores(m, n) for m in trials.methods)]
     if not longer:
@@ -281,25 +285,32 @@ def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
     n = longer[-1]
     scored = {m: s for m in trials.methods if (s := trials.scores(m, n)) is not None}
     beaten = {m for a, b in combinations(scored, 2) for m in _loser(scored[a], scored[b], a, b, alpha)}
-    kept = [m for m in scored if m not in beaten]
     ppl = {r["method"]: r["ppl"].get(str(n)) for r in payload["results"]}
+    known = [ppl[m] for m in scored if ppl.get(m) is not None]
+    broken = {m for m in scored if ppl.get(m) is not None and ppl[m] > PPL_TOLERANCE * min(known)}
+    kept = [m for m in scored if m not in beaten | broken] or [m for m in scored if m not in beaten]
     pick = min(kept, key=lambda m: (simplicity(m), -math.fsum(scored[m]), ppl.get(m) or math.inf))
     mean = math.fsum(scored[pick]) / len(scored[pick])
     perplexity = f", perplexity {ppl[pick]:.2f}" if ppl.get(pick) is not None else ""
-    if len(scored) == 1:
-        verdict = "the only method with every question measured there"
-    elif not beaten:
-        verdict = f"not separable: no method beats another separably there, of the {len(scored)} measured"
-    else:
-        others = ", ".join(m for m in kept if m != pick) or "no other"
-        worse = ", ".join(m for m in scored if m in beaten)
-        verdict = f"not separable from it: {others}; separably worse: {worse}"
     return (
         f"Suggested start at {n} tokens ({_mult(n, L)}): {pick} (mean score {mean:.2f} over "
-        f"{len(scored[pick])} questions{perplexity}); {verdict}. Rule: of the methods that no other beats "
-        f"separably there (paired, alpha {alpha:g}), the simplest ({' < '.join(SIMPLICITY)}), then the "
-        "highest score, then the lowest perplexity; a rule of thumb read off these questions, not a verdict."
+        f"{len(scored[pick])} questions{perplexity}); {_verdict(pick, scored, kept, beaten, broken)}. Rule: "
+        f"of the methods that no other beats separably there (paired, alpha {alpha:g}) and whose perplexity "
+        f"is within {100 * (PPL_TOLERANCE - 1):.0f}% of the lowest, the simplest ({' < '.join(SIMPLICITY)}), "
+        "then the highest score, then the lowest perplexity; a rule of thumb read off these questions, not "
+        "a verdict."
     )
+
+
+def _verdict(pick: str, scored: dict, kept: list, beaten: set, broken: set) -> str:
+    if len(scored) == 1:
+        return "the only method with every question measured there"
+    parts = [f"not separable from it: {', '.join(m for m in kept if m != pick) or 'no other'}"]
+    if beaten:
+        parts.append(f"separably worse on the tasks: {', '.join(m for m in scored if m in beaten)}")
+    if broken - beaten:
+        parts.append(f"perplexity over the tolerance: {', '.join(m for m in scored if m in broken - beaten)}")
+    return "; ".join(parts)
 
 
 def _loser(sa: list[float], sb: list[float], a: str, b: str, alpha: float) -> list[str]:
