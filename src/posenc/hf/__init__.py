@@ -11,6 +11,8 @@
 - :func:`consistent_cache`: a transformers ``DynamicCache`` that re-rotates the cached keys whenever a
   length-dependent schedule (dynamic NTK, dynamic YaRN, LongRoPE) changes, so cached keys and the new
   query always share one schedule (see :mod:`posenc.rope.cache`).
+- :func:`context_parallel`: a model's forward with its sequence sharded over torch.distributed ranks, every
+  attention layer on :func:`posenc.parallel.ring_attention` (windows and sinks kept).
 - :func:`streaming_cache`: StreamingLLM's cache (attention sinks and a recent window, positions counted in
   the cache) for a model patched with ``remap=``.
 
@@ -19,6 +21,7 @@ transformers itself is only imported by the caller: nothing here needs it at imp
 
 from ._config import INTERLEAVED_MODEL_TYPES, rope_settings, rotary_from_config
 from .cache import consistent_cache
+from .context_parallel import ContextParallel, context_parallel
 from .handout import PATCHED_FAMILIES
 from .patch import patch_model, unpatch_model
 from .plan import LayerPlan, QueryTemperature, Rope, position_plan, text_config
@@ -26,11 +29,13 @@ from .streaming import streaming_cache
 
 __all__ = [
     "INTERLEAVED_MODEL_TYPES",
+    "ContextParallel",
     "PATCHED_FAMILIES",
     "LayerPlan",
     "QueryTemperature",
     "Rope",
     "consistent_cache",
+    "context_parallel",
     "patch_model",
     "position_plan",
     "rope_settings",

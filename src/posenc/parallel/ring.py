@@ -1,0 +1,416 @@
+"""Ring attention: each rank holds a shard of the sequence; keys and values travel around the ring of ranks
+while each rank attends its queries to the shard it holds, and the partial results merge exactly by their
+log-sum-exps (Liu et al. 2023, "Ring Attention with Blockwise Transformers", arXiv:2310.01889).
+
+Positions are global: q and k are rotated at their shard's global positions before the ring (RoPE's score
+depends on the distance only, so rotated keys can travel), a score bias is evaluated at each pair's global
+positions, and causal, window and document masks compare global token indices
+(:mod:`posenc.parallel.blocks`). Forward: W steps; at each the next shard is already in flight (sends and
+receives posted before the compute, so the transfer overlaps it). Backward: the keys travel again, and
+each shard's dK and dV accumulate as it goes round and arrive home after W transfers.
+
+Two rings run the same code: :class:`ProcessRing` (torch.distributed point-to-point: gloo on CPU, NCCL on
+GPU; one rank per process) and :class:`VirtualRing` (every rank in one process, a list of shards; the fast
+way to test the algorithm, and the exactness tests run both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _checks
+from ..bias.base import ScoreBias
+from ..rope.protocol import is_rotary
+from .blocks import Keys, Queries, Rule, block_backward, block_forward, merge
+
+__all__ = ["ProcessRing", "VirtualRing", "ring_attention", "virtual_ring_attention"]
+
+
+class VirtualRing:
+    """Every rank of a ring of ``world_size`` in this process: shards are lists indexed by rank."""
+
+    def __init__(self, world_size: int):
+        self.world_size = _checks.positive_int("world_size", world_size, size=True)
+        self.ranks = list(range(self.world_size))
+
+    def largest(self, value: int) -> int:
+        """The largest of the ranks' values (here the caller already holds them all)."""
+        return value
+
+    def start_shift(self, parcels: list) -> _Done:
+        """Each rank's parcel (a tuple of tensors) handed to the next rank: rank r receives r - 1's."""
+        return _Done([parcels[(j - 1) % self.world_size] for j in range(self.world_size)])
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
+
+
+class ProcessRing:
+    """This process's rank of a torch.distributed group; a shift is one isend to the next rank and one irecv
+    from the previous per tensor, posted at once and waited on later (overlapping the caller's compute)."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "ring_attention needs torch.distributed initialised (dist.init_process_group with gloo on "
+                "CPU or nccl on GPU); for every rank in one process use virtual_ring_attention"
+            )
+        self.dist = dist
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        rank = dist.get_rank(group)
+        self.ranks = [rank]
+        self.next = (
+            dist.get_global_rank(group, (rank + 1) % self.world_size)
+            if group
+            else (rank + 1) % self.world_size
+        )
+        self.prev = (
+            dist.get_global_rank(group, (rank - 1) % self.world_size)
+            if group
+            else (rank - 1) % self.world_size
+        )
+
+    def largest(self, value: int) -> int:
+        """The largest of the ranks' values: one all-reduce."""
+        t = torch.tensor([value], dtype=torch.long)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        return int(t)
+
+    def start_shift(self, parcels: list) -> _Pending:
+        (parcel,) = parcels
+        received = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in parcel)
+        works = []
+        for t, buf in zip(parcel, received, strict=True):
+            works.append(self.dist.irecv(buf, src=self.prev, group=self.group))
+            works.append(self.dist.isend(t.contiguous(), dst=self.next, group=self.group))
+        return _Pending(works, [received])
+
+
+class _Pending:
+    def __init__(self, works, value):
+        self.works, self.value = works, value
+
+    def wait(self):
+        for work in self.works:
+            work.wait()
+        return self.value
+
+
+def _keys_parcel(keys: Keys) -> tuple:
+    doc = keys.document if keys.document is not None else keys.index.new_zeros(0)
+    return keys.k, keys.v, keys.index, keys.position, doc
+
+
+def _keys_from(parcel, documents: bool) -> Keys:
+    k, v, index, position, doc = parcel[:5]
+    return Keys(k, v, index, position, doc if documents else None)
+
+
+class _RingFunction(torch.autograd.Function):
+    """Outputs and log-sum-exps of every local rank's queries over the whole ring; inputs are the local
+    ranks' q, k, v (rotated, work dtype) and the bias's trained parameters."""
+
+    @staticmethod
+    def forward(ctx, ring, rule, meta, n_local, n_params, *tensors):
+        qs, ks, vs = tensors[:n_local], tensors[n_local : 2 * n_local], tensors[2 * n_local : 3 * n_local]
+        queries = [Queries(q, *m) for q, m in zip(qs, meta, strict=True)]
+        keys = [Keys(k, v, *m) for k, v, m in zip(ks, vs, meta, strict=True)]
+        documents = meta[0][2] is not None
+        outs = [None] * n_local
+        lses = [None] * n_local
+        parcels = [_keys_parcel(kk) for kk in keys]
+        for step in range(ring.world_size):
+            pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
+            for j, query in enumerate(queries):
+                out_b, lse_b = block_forward(rule, query, _keys_from(parcels[j], documents))
+                if outs[j] is None:
+                    outs[j], lses[j] = out_b, lse_b
+                else:
+                    outs[j], lses[j] = merge(outs[j], lses[j], out_b, lse_b)
+            if pending is not None:
+                parcels = pending.wait()
+        ctx.ring, ctx.rule, ctx.meta, ctx.n_local, ctx.n_params = ring, rule, meta, n_local, n_params
+        ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses, *tensors[3 * n_local :])
+        return (*outs, *lses)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ring, rule, meta, n = ctx.ring, ctx.rule, ctx.meta, ctx.n_local
+        saved = ctx.saved_tensors
+        qs, ks, vs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n]
+        outs, lses, params = saved[3 * n : 4 * n], saved[4 * n : 5 * n], saved[5 * n :]
+        douts = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, grads[:n], strict=True)]
+        dlses = [torch.zeros_like(lse) if g is None else g for lse, g in zip(lses, grads[n:], strict=True)]
+        documents = meta[0][2] is not None
+        queries = [Queries(q, *m) for q, m in zip(qs, meta, strict=True)]
+        deltas = [(do * o).sum(-1) - dl for do, o, dl in zip(douts, outs, dlses, strict=True)]
+        dqs = [torch.zeros_like(q) for q in qs]
+        param_grads = [torch.zeros_like(p) for p in params]
+        parcels = [_keys_parcel(Keys(k, v, *m)) for k, v, m in zip(ks, vs, meta, strict=True)]
+        travelling = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in zip(ks, vs, strict=True)]
+        for step in range(ring.world_size):
+            pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
+            for j, query in enumerate(queries):
+                dk, dv = travelling[j]
+                block_backward(
+                    rule,
+                    query,
+                    _keys_from(parcels[j], documents),
+                    douts[j],
+                    deltas[j],
+                    lses[j],
+                    dqs[j],
+                    dk,
+                    dv,
+                    params,
+                    param_grads,
+                )
+            travelling = ring.start_shift(travelling).wait() if ring.world_size > 1 else travelling
+            if pending is not None:
+                parcels = pending.wait()
+        dks = [t[0] for t in travelling]
+        dvs = [t[1] for t in travelling]
+        return (None, None, None, None, None, *dqs, *dks, *dvs, *param_grads)
+
+
+def _check_shards(q, k, v, indices, name=""):
+    for label, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_floating_point():
+            raise ValueError(
+                f"{label}{name} must be a floating tensor (batch, heads, shard_len, dim), got "
+                f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
+    if (
+        k.shape[:3] != v.shape[:3]
+        or q.shape[0] != k.shape[0]
+        or q.shape[-1] != k.shape[-1]
+        or q.shape[2] != k.shape[2]
+    ):
+        raise ValueError(
+            f"q{name}, k{name}, v{name} must hold the same tokens of one batch with one head_dim: got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q's head count {q.shape[1]} must be a multiple of k's {k.shape[1]}")
+    if not isinstance(indices, torch.Tensor) or indices.dim() != 1 or indices.is_floating_point():
+        raise ValueError(
+            f"indices{name} must be a 1-D integer tensor (shard_indices' output), got {indices!r}"
+        )
+    if indices.shape[0] != q.shape[2]:
+        raise ValueError(
+            f"indices{name} has {indices.shape[0]} entries, but the shard holds {q.shape[2]} tokens"
+        )
+
+
+def _check_terms(bias, remap, window, causal, positions_1d: bool):
+    if remap is not None:
+        raise ValueError(
+            f"remap={remap!r} is not supported by ring attention yet: run the remap on one device with "
+            "posenc.attention"
+        )
+    if bias is not None and not isinstance(bias, ScoreBias):
+        raise ValueError(
+            "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias) or None; "
+            f"content biases and bias tensors are not supported across ranks, got {type(bias).__name__}"
+        )
+    if bias is not None and not positions_1d:
+        raise ValueError("a score bias needs 1-D positions (its distances); got multi-axis positions")
+    if window is not None:
+        window = _checks.positive_int("window", window)
+    return window, _checks.boolean("causal", causal)
+
+
+def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, window, scale, sinks, remap):
+    positions = [ix.clamp(min=0) if p is None else p for ix, p in zip(indices, positions, strict=True)]
+    window, causal = _check_terms(bias, remap, window, causal, all(p.dim() == 1 for p in positions))
+    for j, (q, k, v, ix) in enumerate(zip(qs, ks, vs, indices, strict=True)):
+        _check_shards(q, k, v, ix, name="" if len(qs) == 1 else f"[{j}]")
+    if documents[0] is not None:
+        for d, ix in zip(documents, indices, strict=True):
+            if not isinstance(d, torch.Tensor) or d.shape != ix.shape or d.is_floating_point():
+                raise ValueError(
+                    f"document_ids must be an integer tensor shaped like indices {tuple(ix.shape)}"
+                )
+    if rotary is not None:
+        if not is_rotary(rotary):
+            raise ValueError(f"rotary must be a posenc rotary embedding or None, got {type(rotary).__name__}")
+        options = {}
+        if length_dependent(rotary):
+            # each rank's own last position would give each its own schedule: all take the sequence's
+            options["context_len"] = 1 + ring.largest(
+                max(int(p.max()) if p.numel() else 0 for p in positions)
+            )
+        if _centred(rotary):
+            # xPos scales q and k about a centre that cancels only when every rank uses the same one: the
+            # middle of the whole sequence's positions, as a single call's default
+            low = -ring.largest(max(-int(p.min()) if p.numel() else 0 for p in positions))
+            high = ring.largest(max(int(p.max()) if p.numel() else 0 for p in positions))
+            options["centre"] = (low + high + 1) // 2
+        rotated = [rotary(q, k, positions=p, **options) for q, k, p in zip(qs, ks, positions, strict=True)]
+        qs, ks = [r[0] for r in rotated], [r[1] for r in rotated]
+    dtype = qs[0].dtype
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    scale = 1.0 / math.sqrt(qs[0].shape[-1]) if scale is None else _checks.scale(scale)
+    rule = Rule(causal, window, bias, scale)
+    bias_positions = [
+        p if p.dim() == 1 else ix.clamp(min=0) for p, ix in zip(positions, indices, strict=True)
+    ]
+    meta = [
+        (ix.to(qs[0].device), bp.to(qs[0].device), None if d is None else d.to(qs[0].device))
+        for ix, bp, d in zip(indices, bias_positions, documents, strict=True)
+    ]
+    params = [] if bias is None else [p for p in bias.parameters() if p.requires_grad]
+    n = len(qs)
+    results = _RingFunction.apply(
+        ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *params
+    )
+    outs, lses = results[:n], results[n:]
+    if sinks is not None:
+        outs = [_with_sinks(o, lse, sinks) for o, lse in zip(outs, lses, strict=True)]
+    return [o.to(dtype) for o in outs]
+
+
+def length_dependent(rotary) -> bool:
+    """Whether the rotary's frequencies depend on the sequence length (dynamic NTK, YaRN, LongRoPE)."""
+    schedule = getattr(rotary, "schedule", None) or getattr(getattr(rotary, "table", None), "schedule", None)
+    return bool(getattr(schedule, "length_dependent", False))
+
+
+def _centred(rotary) -> bool:
+    """Whether the rotary scales about a per-call centre (xPos without a fixed one)."""
+    return hasattr(rotary, "centre") and rotary.centre is None
+
+
+def _with_sinks(out, lse, sinks):
+    """One more softmax entry per row with logit sinks[h] and no value: the output scaled by the share of
+    the row the keys keep."""
+    if not isinstance(sinks, torch.Tensor) or sinks.shape != (out.shape[1],):
+        raise ValueError(f"sinks must be a tensor of shape (heads,) = ({out.shape[1]},), got {sinks!r}")
+    s = sinks.to(lse.dtype)[None, :, None]
+    return out * torch.exp(lse - torch.logaddexp(lse, s))[..., None]
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    indices: torch.Tensor,
+    group=None,
+    positions: torch.Tensor | None = None,
+    document_ids: torch.Tensor | None = None,
+    rotary=None,
+    bias: ScoreBias | None = None,
+    causal: bool = True,
+    window: int | None = None,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    remap=None,
+) -> torch.Tensor:
+    """Attention over the whole sequence, sharded over the ranks of ``group`` (default: the world).
+
+    Every rank calls it with its own shard; the result equals :func:`posenc.attention` on the gathered
+    sequence at this rank's tokens.
+
+    Args:
+        q: (batch, heads, n, head_dim), this rank's queries; k, v: (batch, kv_heads, n, .) its keys and
+            values (kv_heads dividing heads), unrotated. Every rank holds n tokens (the layouts of
+            :func:`~posenc.parallel.shard_indices` guarantee it).
+        indices: (n,) the global token indices this rank holds (:func:`~posenc.parallel.shard_indices`;
+            -1 marks a pad slot: no key sees it and its output is zero).
+        group: the torch.distributed process group of the context-parallel ranks.
+        positions: the rotary positions of this rank's tokens, any shape ``rotary`` takes ((n,), (batch, n),
+            M-RoPE's (3, batch, n)); default the indices. A score bias takes its distances from 1-D
+            positions. Packed documents: :func:`~posenc.parallel.shard_positions` with ``cu_seqlens``.
+        document_ids: (n,) a document id per token; a query sees keys of its own document only.
+        rotary: a posenc rotary embedding applied at ``positions`` (RoPE, xPos, M-RoPE, axial).
+        bias: a :class:`~posenc.bias.base.ScoreBias` (ALiBi, T5, KERPLE, Sandwich, FIRE) at each pair's global
+            positions. Its parameters' gradients are this rank's share: sum them over the group (as
+            data-parallel training sums every parameter's over its data x context mesh).
+        causal: a query sees keys at indices <= its own.
+        window: a query sees keys at index distance < window (both sides when not causal).
+        scale: score scale, default 1/sqrt(head_dim).
+        sinks: (heads,) learned logits, one more softmax entry per row with no value (GPT-OSS).
+        remap: not supported across ranks yet (refused).
+    Returns:
+        (batch, heads, n, v_dim) in q's dtype.
+    """
+    ring = ProcessRing(group)
+    (out,) = _run(
+        ring,
+        [q],
+        [k],
+        [v],
+        [indices],
+        [positions],
+        [document_ids],
+        rotary,
+        bias,
+        causal,
+        window,
+        scale,
+        sinks,
+        remap,
+    )
+    return out
+
+
+def virtual_ring_attention(
+    qs,
+    ks,
+    vs,
+    *,
+    indices,
+    positions=None,
+    document_ids=None,
+    rotary=None,
+    bias=None,
+    causal=True,
+    window=None,
+    scale=None,
+    sinks=None,
+    remap=None,
+) -> list[torch.Tensor]:
+    """:func:`ring_attention` with every rank in this process: ``qs[r]``, ``ks[r]``, ``vs[r]``,
+    ``indices[r]`` (and ``positions[r]``, ``document_ids[r]`` when given) are rank r's; returns each rank's
+    output. The same ring, step by step, with the point-to-point transfers replaced by handing a list on."""
+    if not isinstance(indices, (list, tuple)) or len(indices) == 0:
+        raise ValueError("indices must be a list with one rank's indices per rank")
+    world = len(indices)
+    positions = [None] * world if positions is None else list(positions)
+    document_ids = [None] * world if document_ids is None else list(document_ids)
+    for name, xs in (
+        ("qs", qs),
+        ("ks", ks),
+        ("vs", vs),
+        ("positions", positions),
+        ("document_ids", document_ids),
+    ):
+        if len(xs) != world:
+            raise ValueError(f"{name} must hold one entry per rank ({world}), got {len(xs)}")
+    return _run(
+        VirtualRing(world),
+        list(qs),
+        list(ks),
+        list(vs),
+        list(indices),
+        positions,
+        document_ids,
+        rotary,
+        bias,
+        causal,
+        window,
+        scale,
+        sinks,
+        remap,
+    )

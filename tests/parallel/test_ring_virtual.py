@@ -1,0 +1,114 @@
+"""Ring attention with every rank in one process (the same ring, the transfers replaced by handing a list
+on): outputs and gradients against posenc.attention on the gathered sequence, for every position term,
+layout, world size, causal and not, pads and packed documents; and the refusals."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc.parallel import LAYOUTS, ring_attention, shard, unshard, virtual_ring_attention
+
+from .cases import TERMS, TOLERANCE, gradients, make_case, weight_for
+
+
+def _virtual(case, world, layout):
+    indices = [case.indices(world, r, layout) for r in range(world)]
+    per_rank = [case.shard_kwargs(i) for i in indices]
+    kwargs = dict(per_rank[0])
+    for key in ("positions", "document_ids"):
+        if key in kwargs:
+            kwargs[key] = [kw[key] for kw in per_rank]
+    outs = virtual_ring_attention(
+        [shard(case.q, i, 2) for i in indices],
+        [shard(case.k, i, 2) for i in indices],
+        [shard(case.v, i, 2) for i in indices],
+        indices=indices,
+        **kwargs,
+    )
+    return unshard(outs, indices, case.length, dim=2)
+
+
+def _error(case, world, layout):
+    out = _virtual(case, world, layout)
+    ref = case.reference()
+    weight = weight_for(case)
+    pairs = [(out, ref), *zip(gradients(case, out, weight), gradients(case, ref, weight), strict=True)]
+    return max((a - b).abs().max().item() for a, b in pairs)
+
+
+@given(
+    st.sampled_from(TERMS),
+    st.integers(1, 4),
+    st.sampled_from(LAYOUTS),
+    st.booleans(),
+    st.integers(2, 40),
+)
+def test_virtual_ring_equals_one_process_float64(term, world, layout, causal, length):
+    if term == "documents":
+        length = max(length, 4)
+    case = make_case(term, length, causal, torch.float64)
+    assert _error(case, world, layout) <= TOLERANCE[torch.float64]
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_virtual_ring_equals_one_process_float32(term):
+    case = make_case(term, 23, True, torch.float32)
+    assert _error(case, 3, "headtail") <= TOLERANCE[torch.float32]
+
+
+def test_a_chunk_of_rows_takes_only_the_keys_it_may_see(monkeypatch):
+    # small chunks of rows and a narrow window: the gathered-columns path runs, and stays exact
+    from posenc.parallel import blocks
+
+    monkeypatch.setattr(blocks, "_CHUNK_SCORES", 64)
+    case = make_case("window-alibi", 37, True, torch.float64)
+    assert _error(case, 2, "contiguous") <= TOLERANCE[torch.float64]
+
+
+def test_dynamic_rope_takes_the_whole_sequence_length_on_every_rank():
+    # each rank's own last position would give it its own NTK base (the trap of keeping per-shard lengths)
+    case = make_case("dynamic", 30, True, torch.float64)
+    assert _error(case, 3, "headtail") <= TOLERANCE[torch.float64]
+
+
+def _shards(n=8, world=2):
+    q, k, v = torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4), torch.randn(1, 2, n, 4)
+    indices = [torch.arange(r * n // world, (r + 1) * n // world) for r in range(world)]
+    return (
+        [shard(q, i, 2) for i in indices],
+        [shard(k, i, 2) for i in indices],
+        [shard(v, i, 2) for i in indices],
+        indices,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"remap": posenc.ReRoPE(4)}, "remap=.* not supported by ring attention"),
+        ({"bias": torch.zeros(2, 8, 8)}, "content biases and bias tensors are not supported"),
+        ({"window": 0}, "window must be an integer >= 1"),
+        ({"rotary": "rope"}, "rotary must be a posenc rotary embedding"),
+        ({"sinks": torch.zeros(3)}, r"sinks must be a tensor of shape \(heads,\) = \(2,\)"),
+    ],
+)
+def test_bad_terms_are_refused_before_any_work(kwargs, match):
+    qs, ks, vs, indices = _shards()
+    with pytest.raises(ValueError, match=match):
+        virtual_ring_attention(qs, ks, vs, indices=indices, **kwargs)
+
+
+def test_shards_that_disagree_are_refused():
+    qs, ks, vs, indices = _shards()
+    with pytest.raises(ValueError, match=r"indices\[1\] has 3 entries, but the shard holds 4 tokens"):
+        virtual_ring_attention(qs, ks, vs, indices=[indices[0], indices[1][:3]])
+    with pytest.raises(ValueError, match="qs must hold one entry per rank"):
+        virtual_ring_attention(qs[:1], ks, vs, indices=indices)
+
+
+def test_ring_attention_needs_a_process_group():
+    qs, ks, vs, indices = _shards(world=1)
+    with pytest.raises(ValueError, match="needs torch.distributed initialised"):
+        ring_attention(qs[0], ks[0], vs[0], indices=indices[0])
