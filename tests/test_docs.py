@@ -16,6 +16,7 @@ PAGES = [
     "docs/context-extension.md",
     "docs/lab.md",
     "docs/models.md",
+    "docs/parallel.md",
     "docs/relative-biases.md",
 ]
 

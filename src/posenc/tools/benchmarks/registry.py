@@ -118,6 +118,15 @@ BENCHMARKS: dict[str, Benchmark] = {
             by_default=False,  # minutes: whole-model forwards at 8192 tokens
         ),
         Benchmark(
+            "ring",
+            "context parallelism: causal RoPE attention forward+backward at 4K and 16K on 2 gloo ranks of 1 "
+            "thread against one process of 2 threads",
+            "ring",
+            lambda m, c: m.run(c.repeat),
+            "ring_table",
+            by_default=False,  # minutes: 16K forward and backward, three ways
+        ),
+        Benchmark(
             "peers",
             "RoPE against transformers eager and compiled and the other RoPE libraries installed, every "
             "layout and dtype, forward and forward+backward, CPU only",
