@@ -26,7 +26,19 @@ TERMS = (
     "window-alibi",
     "documents",
     "sinks",
+    "selfextend",
+    "rerope",
+    "leaky-rerope",
+    "string",
+    "dual-chunk",
 )
+REMAPS = {
+    "selfextend": lambda: posenc.SelfExtend(3, 4),
+    "rerope": lambda: posenc.ReRoPE(4, log_n_length=8),
+    "leaky-rerope": lambda: posenc.ReRoPE(4, leaky=2.0),
+    "string": lambda: posenc.STRING(6, 2, attention_factor=1.1),
+    "dual-chunk": lambda: posenc.DualChunk(8, 2),
+}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
@@ -60,6 +72,7 @@ class Case:
                 causal=self.causal,
                 positions=self.positions,
                 sinks=o.get("sinks"),
+                remap=o.get("remap"),
             )
         if bias is None:
             return posenc.attention(
@@ -109,7 +122,7 @@ def make_case(term: str, length: int, causal: bool, dtype=torch.float64, seed: i
     q, k, v = rand(2, heads, length, dim), rand(2, kv_heads, length, dim), rand(2, kv_heads, length, 6)
     options: dict = {"causal": causal}
     case = Case(term, length, causal, dtype, q, k, v, options)
-    if term in ("rope", "window", "window-alibi", "documents", "sinks"):
+    if term in ("rope", "window", "window-alibi", "documents", "sinks", *REMAPS):
         options["rotary"] = posenc.RotaryEmbedding(dim)
     if term == "xpos":
         options["rotary"] = posenc.XPos(dim, scale_base=16.0)
@@ -143,8 +156,10 @@ def make_case(term: str, length: int, causal: bool, dtype=torch.float64, seed: i
     if term == "sinks":
         options["sinks"] = torch.randn(heads, generator=gen, dtype=dtype).requires_grad_(True)
         case.params = [options["sinks"]]
-    if term == "sinks" and not causal:
-        options["causal"] = case.causal = True  # sinks are causal only, as posenc.attention's
+    if term in REMAPS:
+        options["remap"] = REMAPS[term]()
+    if term in ("sinks", *REMAPS) and not causal:
+        options["causal"] = case.causal = True  # sinks and remaps are causal only, as posenc.attention's
     return case
 
 

@@ -87,7 +87,13 @@ def _shards(n=8, world=2):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"remap": posenc.ReRoPE(4)}, "remap=.* not supported by ring attention"),
+        ({"remap": posenc.ReRoPE(4)}, "remap=ReRoPE.* needs rotary=posenc.RotaryEmbedding"),
+        ({"remap": posenc.ReRoPE(4), "rotary": posenc.XPos(4)}, "needs rotary=posenc.RotaryEmbedding"),
+        (
+            {"remap": posenc.ReRoPE(4), "rotary": posenc.RotaryEmbedding(4), "causal": False},
+            "is causal, without a bias",
+        ),
+        ({"remap": "rerope", "rotary": posenc.RotaryEmbedding(4)}, "remap must be a posenc.remap.Remap"),
         ({"bias": torch.zeros(2, 8, 8)}, "content biases and bias tensors are not supported"),
         ({"window": 0}, "window must be an integer >= 1"),
         ({"rotary": "rope"}, "rotary must be a posenc rotary embedding"),

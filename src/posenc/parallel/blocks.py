@@ -5,9 +5,10 @@ backward; Dao 2023, arXiv:2307.08691).
 Which query-key pairs may meet is decided by global token indices (-1 for a pad slot): causal (key index
 <= query index), a sliding window (query index - key index < window), packed documents (equal document
 ids). A score bias is evaluated at the pair's positions through :meth:`~posenc.bias.base.ScoreBias.tile`,
-so its distances are the global ones whatever the layout. Queries go in chunks of rows and each chunk
-takes only the key columns some of its rows may see, so a causal or windowed block costs what it must and
-peak memory is a chunk's scores, not a block's.
+so its distances are the global ones whatever the layout; with a remap's views (q and k hold one rotation
+per view side by side), each pair is scored by the view whose band holds its global distance. Queries go
+in chunks of rows and each chunk takes only the key columns some of its rows may see, so a causal or
+windowed block costs what it must and peak memory is a chunk's scores, not a block's.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Rule:
     window: int | None
     bias: object  # a ScoreBias or None
     scale: float
+    bands: tuple | None = None  # a remap's views: q and k hold one rotation per view side by side
 
     def allowed(self, qi, ki, qd, kd) -> torch.Tensor:
         """(rows, n) True where query index qi may see key index ki."""
@@ -88,13 +90,34 @@ def _columns(ok: torch.Tensor):
     return cols.nonzero().squeeze(1)
 
 
-def _scores(rule: Rule, q, k, ok, qp, kp, dtype) -> torch.Tensor:
-    """(B, H, rows, cols) scores with the bias added and disallowed pairs at -inf; grouped heads: q head h
-    uses kv head h // (H / Hk), as scaled_dot_product_attention's enable_gqa."""
+def _grouped_qk(q, k):
+    """(B, H, rows, cols) dot products; grouped heads: q head h uses kv head h // (H / Hk), as
+    scaled_dot_product_attention's enable_gqa."""
     b, h, rows, d = q.shape
     hk = k.shape[1]
-    s = torch.einsum("bkgmd,bknd->bkgmn", q.view(b, hk, h // hk, rows, d), k).reshape(b, h, rows, -1)
-    s = s * rule.scale
+    return torch.einsum("bkgmd,bknd->bkgmn", q.view(b, hk, h // hk, rows, d), k).reshape(b, h, rows, -1)
+
+
+def _view_masks(rule: Rule, qp, kp):
+    """Per view of a remap, (rows, cols) True where the pair's distance lies in the view's band."""
+    return [band.inside(qp, kp) for band in rule.bands]
+
+
+def _views(t, n: int):
+    width = t.shape[-1] // n
+    return [t[..., v * width : (v + 1) * width] for v in range(n)]
+
+
+def _scores(rule: Rule, q, k, ok, qp, kp, dtype) -> torch.Tensor:
+    """(B, H, rows, cols) scores with the bias added and disallowed pairs at -inf; with a remap's views,
+    each pair scored by the view whose band holds its distance."""
+    if rule.bands is None:
+        s = _grouped_qk(q, k) * rule.scale
+    else:
+        s = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        inside = _view_masks(rule, qp, kp)
+        for qv, kv, band in zip(_views(q, len(inside)), _views(k, len(inside)), inside, strict=True):
+            s = torch.where(band, _grouped_qk(qv, kv) * rule.scale, s)
     if rule.bias is not None:
         s = s + rule.bias.tile(qp, kp).to(dtype)
     return s.masked_fill(~ok, -math.inf)
@@ -138,6 +161,20 @@ def _finite(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
 
 
+def _grouped_dq(ds, k):
+    """(B, H, rows, D): dS K, each query head against its kv head."""
+    b, h, rows, n = ds.shape
+    hk = k.shape[1]
+    return torch.einsum("bkgmn,bknd->bkgmd", ds.view(b, hk, h // hk, rows, n), k).reshape(b, h, rows, -1)
+
+
+def _grouped_dk(ds, q, hk: int):
+    """(B, Hk, cols, D): dS^T Q summed over each kv head's query heads."""
+    b, h, rows, n = ds.shape
+    g = h // hk
+    return torch.einsum("bkgmn,bkgmd->bknd", ds.view(b, hk, g, rows, n), q.view(b, hk, g, rows, -1))
+
+
 def _grouped_pv(p, v):
     b, h, rows, n = p.shape
     hk = v.shape[1]
@@ -173,12 +210,19 @@ def block_backward(rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, d
         do = dout[:, :, rows]
         dp = torch.einsum("bkgmd,bknd->bkgmn", do.view(b, hk, g, r, -1), v).reshape(b, h, r, -1)
         ds = p * (dp - delta[:, :, rows, None])
-        dq[:, :, rows] += rule.scale * torch.einsum("bkgmn,bknd->bkgmd", ds.view(b, hk, g, r, -1), k).reshape(
-            b, h, r, d
-        )
-        dk_b = rule.scale * torch.einsum(
-            "bkgmn,bkgmd->bknd", ds.view(b, hk, g, r, -1), q.view(b, hk, g, r, d)
-        )
+        if rule.bands is None:
+            dq[:, :, rows] += rule.scale * _grouped_dq(ds, k)
+            dk_b = rule.scale * _grouped_dk(ds, q, hk)
+        else:
+            n = len(rule.bands)
+            inside = _view_masks(rule, queries.position[rows], kp)
+            dq_v, dk_v = [], []
+            for qv, kv, band in zip(_views(q, n), _views(k, n), inside, strict=True):
+                ds_v = ds * band
+                dq_v.append(_grouped_dq(ds_v, kv))
+                dk_v.append(_grouped_dk(ds_v, qv, hk))
+            dq[:, :, rows] += rule.scale * torch.cat(dq_v, dim=-1)
+            dk_b = rule.scale * torch.cat(dk_v, dim=-1)
         dv_b = torch.einsum("bkgmn,bkgmd->bknd", p.view(b, hk, g, r, -1), do.view(b, hk, g, r, -1))
         if cols is None:
             dk += dk_b

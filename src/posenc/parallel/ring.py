@@ -3,8 +3,9 @@ while each rank attends its queries to the shard it holds, and the partial resul
 log-sum-exps (Liu et al. 2023, "Ring Attention with Blockwise Transformers", arXiv:2310.01889).
 
 Positions are global: q and k are rotated at their shard's global positions before the ring (RoPE's score
-depends on the distance only, so rotated keys can travel), a score bias is evaluated at each pair's global
-positions, and causal, window and document masks compare global token indices
+depends on the distance only, so rotated keys can travel), a remap's views too (each view's positions are a
+function of the token's own position), a score bias is evaluated at each pair's global positions, and
+causal, window and document masks compare global token indices
 (:mod:`posenc.parallel.blocks`). Forward: W steps; at each the next shard is already in flight (sends and
 receives posted before the compute, so the transfer overlaps it). Backward: the keys travel again, and
 each shard's dK and dV accumulate as it goes round and arrive home after W transfers.
@@ -212,12 +213,25 @@ def _check_shards(q, k, v, indices, name=""):
         )
 
 
-def _check_terms(bias, remap, window, causal, positions_1d: bool):
+def _check_terms(bias, remap, rotary, window, causal, positions_1d: bool):
     if remap is not None:
-        raise ValueError(
-            f"remap={remap!r} is not supported by ring attention yet: run the remap on one device with "
-            "posenc.attention"
-        )
+        from ..remap import Remap
+        from ..rope import RotaryEmbedding, XPos
+
+        if not isinstance(remap, Remap):
+            raise ValueError(
+                f"remap must be a posenc.remap.Remap (SelfExtend, ReRoPE, STRING) or None, got {remap!r}"
+            )
+        if not isinstance(rotary, RotaryEmbedding) or isinstance(rotary, XPos):
+            raise ValueError(
+                f"remap={remap!r} remaps RoPE distances: across ranks it needs "
+                f"rotary=posenc.RotaryEmbedding(...), got {type(rotary).__name__}"
+            )
+        if bias is not None or not causal or not positions_1d:
+            raise ValueError(
+                f"remap={remap!r} is causal, without a bias, at 1-D positions (the global indices); got "
+                f"causal={causal}, bias={type(bias).__name__}"
+            )
     if bias is not None and not isinstance(bias, ScoreBias):
         raise ValueError(
             "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias) or None; "
@@ -230,9 +244,54 @@ def _check_terms(bias, remap, window, causal, positions_1d: bool):
     return window, _checks.boolean("causal", causal)
 
 
+def _rotated(ring, rotary, qs, ks, positions):
+    """Every local rank's q and k rotated at its global positions, with the schedule and centre of the whole
+    sequence."""
+    if not is_rotary(rotary):
+        raise ValueError(f"rotary must be a posenc rotary embedding or None, got {type(rotary).__name__}")
+    options = {}
+    if length_dependent(rotary):
+        # each rank's own last position would give each its own schedule: all take the sequence's
+        options["context_len"] = 1 + ring.largest(max(int(p.max()) if p.numel() else 0 for p in positions))
+    if _centred(rotary):
+        # xPos scales q and k about a centre that cancels only when every rank uses the same one: the
+        # middle of the whole sequence's positions, as a single call's default
+        low = -ring.largest(max(-int(p.min()) if p.numel() else 0 for p in positions))
+        high = ring.largest(max(int(p.max()) if p.numel() else 0 for p in positions))
+        options["centre"] = (low + high + 1) // 2
+    rotated = [rotary(q, k, positions=p, **options) for q, k, p in zip(qs, ks, positions, strict=True)]
+    return [r[0] for r in rotated], [r[1] for r in rotated]
+
+
+def _remapped(ring, remap, rotary, qs, ks, positions):
+    """Every local rank's q and k rotated once per view of ``remap`` at the view's positions of its tokens,
+    the views side by side on the last axis, and the views' bands. A view's positions are a function of each
+    token's own global position, so each rank computes its tokens' share."""
+    from ..kernels.remap_blocked import Band
+
+    context = 1 + ring.largest(max(int(p.max()) if p.numel() else 0 for p in positions))
+    if rotary.scaling is None:
+        remap.check_length(context, rotary.max_position_embeddings)
+    out_q, out_k, bands = [], [], None
+    for q, k, p in zip(qs, ks, positions, strict=True):
+        views = remap.views(p, p)
+        factor = remap.query_scale(p)
+        parts_q, parts_k = [], []
+        for view in views:
+            qv = rotary.rotate_as(q, view.q, "q", context_len=context)
+            if factor is not None:
+                qv = qv * factor.to(qv.dtype)[:, None]
+            parts_q.append(qv)
+            parts_k.append(rotary.rotate_as(k, view.k, "k", context_len=context))
+        out_q.append(torch.cat(parts_q, dim=-1))
+        out_k.append(torch.cat(parts_k, dim=-1))
+        bands = tuple(Band(w.lo, w.hi, w.unit) for w in views)
+    return out_q, out_k, bands
+
+
 def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, window, scale, sinks, remap):
     positions = [ix.clamp(min=0) if p is None else p for ix, p in zip(indices, positions, strict=True)]
-    window, causal = _check_terms(bias, remap, window, causal, all(p.dim() == 1 for p in positions))
+    window, causal = _check_terms(bias, remap, rotary, window, causal, all(p.dim() == 1 for p in positions))
     for j, (q, k, v, ix) in enumerate(zip(qs, ks, vs, indices, strict=True)):
         _check_shards(q, k, v, ix, name="" if len(qs) == 1 else f"[{j}]")
     if documents[0] is not None:
@@ -241,27 +300,18 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
                 raise ValueError(
                     f"document_ids must be an integer tensor shaped like indices {tuple(ix.shape)}"
                 )
-    if rotary is not None:
-        if not is_rotary(rotary):
-            raise ValueError(f"rotary must be a posenc rotary embedding or None, got {type(rotary).__name__}")
-        options = {}
-        if length_dependent(rotary):
-            # each rank's own last position would give each its own schedule: all take the sequence's
-            options["context_len"] = 1 + ring.largest(
-                max(int(p.max()) if p.numel() else 0 for p in positions)
-            )
-        if _centred(rotary):
-            # xPos scales q and k about a centre that cancels only when every rank uses the same one: the
-            # middle of the whole sequence's positions, as a single call's default
-            low = -ring.largest(max(-int(p.min()) if p.numel() else 0 for p in positions))
-            high = ring.largest(max(int(p.max()) if p.numel() else 0 for p in positions))
-            options["centre"] = (low + high + 1) // 2
-        rotated = [rotary(q, k, positions=p, **options) for q, k, p in zip(qs, ks, positions, strict=True)]
-        qs, ks = [r[0] for r in rotated], [r[1] for r in rotated]
+    bands = None
+    if remap is not None:
+        head_dim = qs[0].shape[-1]
+        qs, ks, bands = _remapped(ring, remap, rotary, qs, ks, positions)
+    elif rotary is not None:
+        qs, ks = _rotated(ring, rotary, qs, ks, positions)
     dtype = qs[0].dtype
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    scale = 1.0 / math.sqrt(qs[0].shape[-1]) if scale is None else _checks.scale(scale)
-    rule = Rule(causal, window, bias, scale)
+    if bands is None:
+        head_dim = qs[0].shape[-1]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else _checks.scale(scale)
+    rule = Rule(causal, window, bias, scale, bands)
     bias_positions = [
         p if p.dim() == 1 else ix.clamp(min=0) for p, ix in zip(positions, indices, strict=True)
     ]
@@ -341,7 +391,10 @@ def ring_attention(
         window: a query sees keys at index distance < window (both sides when not causal).
         scale: score scale, default 1/sqrt(head_dim).
         sinks: (heads,) learned logits, one more softmax entry per row with no value (GPT-OSS).
-        remap: not supported across ranks yet (refused).
+        remap: a :class:`~posenc.remap.Remap` (SelfExtend, ReRoPE, STRING, DualChunk) with a
+            :class:`~posenc.RotaryEmbedding`, causal, no bias: each rank rotates its q and k once per view at
+            its tokens' view positions, and each pair is scored by the view whose band holds its global
+            distance.
     Returns:
         (batch, heads, n, v_dim) in q's dtype.
     """
