@@ -60,6 +60,12 @@ class TrainOptions:
         help="train through torch.compile (inductor): compiles for a while, then faster steps; "
         "checkpoints are the same either way (docs/lab-results.md has the measured speed-ups)",
     )
+    context_parallel: int = option(
+        1,
+        type=cli.positive_int,
+        help="ranks that share each sequence under torchrun (context parallelism: each holds a head-tail "
+        "share, attention on posenc.parallel's ring; docs/parallel.md); it must divide the processes",
+    )
     no_progress: bool = option(False, help="no progress bar")
 
 

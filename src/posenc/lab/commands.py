@@ -73,6 +73,7 @@ def cmd_train(args) -> int:
         progress=not args.no_progress,
         stop_after=args.stop_after,
         compile=args.compile,
+        context_parallel=args.context_parallel,
     )
     import torch.distributed as dist
 

@@ -13,7 +13,7 @@ Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T,
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,39 @@ from posenc.lab.encodings import build, eval_extension
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import rescaled_rotary
 
-__all__ = ["GPT", "GPTConfig", "KVCache", "eval_extension", "next_byte_loss", "rope_extension"]
+__all__ = [
+    "GPT",
+    "ContextShard",
+    "GPTConfig",
+    "KVCache",
+    "check_context_parallel",
+    "eval_extension",
+    "next_byte_loss",
+    "rope_extension",
+]
+
+
+@dataclass(frozen=True)
+class ContextShard:
+    """This rank's share of every sequence under context parallelism: the global token ``indices`` (n,) it
+    holds (:func:`posenc.parallel.shard_indices`) and the torch.distributed ``group`` of the ranks that hold
+    the rest; its layers attend on :func:`posenc.parallel.ring_attention`."""
+
+    indices: torch.Tensor
+    group: object
+
+
+def check_context_parallel(enc: Encoding, scheme: str) -> None:
+    """Refuse, before any work, an encoding whose terms cannot be split along the sequence here."""
+    why = None
+    if enc.hidden_terms is not None or enc.layer_bias is not None:
+        why = "its position terms read the hidden state of every earlier token (a content bias)"
+    elif enc.window is not None:
+        why = "its blockwise window is materialised over the whole sequence"
+    elif enc.random_positions is not None or enc.train_positions is not None:
+        why = "its training positions are drawn per forward pass over the whole sequence"
+    if why is not None:
+        raise LabError(f"--context-parallel does not support the {scheme!r} scheme yet: {why}")
 
 
 class KVCache:
@@ -110,7 +142,14 @@ class Block(nn.Module):
             attend = {**attend, "bias": bias}
         # Keys sit at positions 0 .. len-1 and the T queries at the last T of them, as the causal mask
         # places them, so one call serves training (T == len) and cached decoding (T < len).
-        y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
+        if "shard" in attend:  # context parallel: this rank's tokens against every rank's keys
+            from posenc.parallel import ring_attention
+
+            attend = dict(attend)
+            shard = attend.pop("shard")
+            y = ring_attention(q, k, v, indices=shard.indices, group=shard.group, causal=True, **attend)
+        else:
+            y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
 
@@ -215,7 +254,13 @@ class GPT(nn.Module):
         rotary = rescaled_rotary(trained, scaling, self.cfg.max_len)
         self.use_encoding(replace(self.encoding, rotary=rotary))
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, cache: KVCache | None = None, shard: ContextShard | None = None
+    ) -> torch.Tensor:
+        """``shard``: under context parallelism, the global indices of the tokens ``idx`` holds and the
+        group of ranks holding the others (training only: no cache)."""
+        if shard is not None:
+            return self._sharded_forward(idx, shard)
         enc = self.encoding
         offset = cache.length if cache is not None else 0
         T = idx.shape[1]
@@ -236,6 +281,17 @@ class GPT(nn.Module):
             x = block(x, attend, cache, i, None if self.hidden_terms is None else self.hidden_terms[i])
         if cache is not None:
             cache.length += T
+        return self.norm(x) @ self.tok.weight.T
+
+    def _sharded_forward(self, idx: torch.Tensor, shard: ContextShard) -> torch.Tensor:
+        """This rank's logits (B, n, V) for its tokens at ``shard.indices``: positions are the global
+        indices, every layer's attention the ring's."""
+        check_context_parallel(self.encoding, self.cfg.encoding)
+        positions = shard.indices.to(idx.device)
+        x = self.encoding.input(self.tok(idx) * math.sqrt(self.cfg.d_model), positions=positions)
+        layers = _per_layer(self, idx.shape[1], 0, positions, idx.device, shard)
+        for block, attend in zip(self.blocks, layers, strict=True):
+            x = block(x, attend)
         return self.norm(x) @ self.tok.weight.T
 
     def _random_positions(self, T: int, device) -> torch.Tensor:
@@ -296,18 +352,24 @@ def _query_scales(cfg: GPTConfig, query_scale) -> nn.ParameterList | None:
     )
 
 
-def _per_layer(model: GPT, q_len: int, offset: int, positions, device):
+def _per_layer(model: GPT, q_len: int, offset: int, positions, device, shard: ContextShard | None = None):
     """The keyword arguments of :func:`posenc.attention` for each layer in turn, from the model's encoding:
     its rotary, its bias (shared, or the layer's own) under its window, its score scale, the layer's sink
     logits, the positions of this call when they are not the ordinary ones; and the layer's query scale
-    (H, q_len) for the block to apply, which counts every key a query sees, the cached ones included."""
+    (H, q_len) for the block to apply, which counts every key a query sees, the cached ones included.
+    Under context parallelism (``shard``), q_len tokens at the shard's global ``positions``: every layer
+    attends on the ring, and a query sees position + 1 keys."""
     enc = model.encoding
     keys_seen = None if enc.query_scale is None else enc.keys_seen(q_len, offset + q_len, device)
+    if shard is not None and keys_seen is not None:
+        keys_seen = positions + 1
 
     def attend(bias, layer: int) -> dict:
         out = enc.attend(bias, q_len, offset + q_len, model.cfg.head_dim, device)
-        if positions is not None and enc.rotary is not None:
+        if positions is not None and (enc.rotary is not None or shard is not None):
             out["positions"] = positions
+        if shard is not None:
+            out["shard"] = shard
         if model.sinks is not None:
             out["sinks"] = model.sinks[layer]
         if keys_seen is not None:

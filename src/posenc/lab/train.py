@@ -8,6 +8,12 @@ Data parallel: launched with ``torchrun`` (:mod:`posenc.lab.runtime`), every ran
 global batch and takes its slice of rows, so DDP's averaged gradient is the gradient of the global
 batch: a 2-process run follows the same trajectory as a 1-process run up to float summation order.
 Rank 0 alone writes checkpoints.
+
+Context parallel (``context_parallel=N``, ``posenc train --context-parallel N`` under torchrun): the
+processes form a data x context grid, N consecutive ranks sharing each data-parallel slice of rows, each
+holding a head-tail share of every sequence (:func:`posenc.parallel.shard_indices`) and attending on
+:func:`posenc.parallel.ring_attention`. Every rank's loss is the mean over as many tokens as any other's,
+so DDP's average over all ranks is again the gradient of the global batch.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from posenc.lab.checkpoint import (
 from posenc.lab.checks import check_int
 from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.data import Corpus, batch_at, load_corpus
+from posenc.lab.encodings import build
 from posenc.lab.errors import LabError
-from posenc.lab.model import GPT, next_byte_loss
+from posenc.lab.model import GPT, ContextShard, check_context_parallel, next_byte_loss
 from posenc.lab.runtime import Processes
+from posenc.parallel import shard_indices
 
 __all__ = ["TrainResult", "lr_at", "make_optimizer", "train"]
 
@@ -89,6 +97,7 @@ def train(
     stop_after: int | None = None,
     callback=None,
     compile: bool | str = False,
+    context_parallel: int = 1,
 ) -> TrainResult:
     """Train a GPT on a corpus, checkpointing to ``out_dir`` every ``ckpt_every`` steps and at the end.
 
@@ -103,6 +112,8 @@ def train(
         compile: run the forward and backward through ``torch.compile`` (True: the default inductor
             backend; a string names another backend, e.g. ``"aot_eager"`` in tests). Checkpoints hold
             the plain module's weights either way, so eager and compiled runs resume each other.
+        context_parallel: ranks that share each sequence (module docstring); it must divide the number of
+            processes, and 2 x it the sequence length.
 
     Returns:
         The trained model (unwrapped), the step reached, logged losses and throughput.
@@ -110,10 +121,26 @@ def train(
     check_int("ckpt_every", ckpt_every)
     backend = compile_backend(compile)
     procs = Processes.from_env()
-    if train_cfg.batch_size % procs.world:
+    check_int("context_parallel", context_parallel)
+    if procs.world % context_parallel:
         raise LabError(
-            f"batch_size={train_cfg.batch_size} must be divisible by the number of processes ({procs.world})"
+            f"--context-parallel {context_parallel} must divide the number of processes ({procs.world}); "
+            "launch with torchrun --nproc_per_node N"
         )
+    replicas = procs.world // context_parallel
+    if train_cfg.batch_size % replicas:
+        raise LabError(
+            f"batch_size={train_cfg.batch_size} must be divisible by the number of data-parallel replicas "
+            f"({replicas} = {procs.world} processes / --context-parallel {context_parallel})"
+        )
+    seq = train_cfg.seq_len or model_cfg.max_len
+    if seq % (2 * context_parallel):
+        raise LabError(
+            f"the sequence length {seq} must be a multiple of 2 x --context-parallel = "
+            f"{2 * context_parallel} (each rank holds a head and a tail chunk of every sequence)"
+        )
+    if context_parallel > 1:
+        check_context_parallel(build(model_cfg), model_cfg.encoding)
     dev = procs.start(device)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(
@@ -122,7 +149,7 @@ def train(
             min_train_tokens=(train_cfg.seq_len or model_cfg.max_len) + 2,
             min_val_tokens=1,
         )
-    run = _Run(model_cfg, train_cfg, Path(out_dir), corpus, procs, dev, ckpt_every, backend)
+    run = _Run(model_cfg, train_cfg, Path(out_dir), corpus, procs, dev, ckpt_every, backend, context_parallel)
     start = run.restore(resume)
     end = train_cfg.steps if stop_after is None else min(train_cfg.steps, stop_after)
     bar = _progress_bar(start, end, f"train {model_cfg.encoding}") if progress and procs.rank == 0 else None
@@ -149,6 +176,24 @@ def compile_backend(compile: bool | str) -> str | None:
     return compile
 
 
+def _context_shard(procs: Processes, size: int, seq: int, dev):
+    """(this rank's data-parallel replica, its :class:`~posenc.lab.model.ContextShard`): ranks
+    r * size .. (r + 1) * size - 1 share replica r's rows, each a head-tail share of every sequence. Every
+    rank creates every group (torch.distributed's rule), and each is its own communicator, apart from the
+    one DDP all-reduces on."""
+    replica = procs.rank // size
+    groups = [dist.new_group(list(range(r * size, (r + 1) * size))) for r in range(procs.world // size)]
+    indices = shard_indices(seq, size, procs.rank % size, "headtail").to(dev)
+    return replica, ContextShard(indices, groups[replica])
+
+
+def _mean_over(value: torch.Tensor, group) -> float:
+    """The mean of a scalar over a group's ranks: the loss of the replica's rows, not of one rank's share."""
+    total = value.clone()
+    dist.all_reduce(total, group=group)
+    return total.item() / dist.get_world_size(group)
+
+
 def _progress_bar(start: int, end: int, desc: str):
     """A tqdm bar over steps ``start`` .. ``end``, or None when there is nothing to do."""
     if end <= start:
@@ -171,6 +216,7 @@ class _Run:
         dev: torch.device,
         ckpt_every: int,
         backend: str | None = None,
+        context_parallel: int = 1,
     ):
         self.cfg, self.out, self.corpus = train_cfg, out, corpus
         self.procs, self.dev, self.ckpt_every = procs, dev, ckpt_every
@@ -183,6 +229,10 @@ class _Run:
         # What the steps call: the model, wrapped in DDP and/or compiled by loop(). Checkpoints and the
         # optimizer use self.model, so saved keys never carry DDP's "module." or compile's "_orig_mod.".
         self.net: torch.nn.Module = self.model
+        self.replica, self.shard = procs.rank, None
+        if context_parallel > 1:
+            self.replica, self.shard = _context_shard(procs, context_parallel, self.seq, dev)
+        self.replicas = procs.world // context_parallel
 
     def restore(self, resume: bool) -> int:
         """Load the latest checkpoint when resuming, record the run state; returns the step to start at."""
@@ -218,22 +268,26 @@ class _Run:
             copy_fraction=self.cfg.copy_fraction,
             passkey_fraction=self.cfg.passkey_fraction,
         )
-        per_rank = self.cfg.batch_size // self.procs.world
-        rows = slice(self.procs.rank * per_rank, (self.procs.rank + 1) * per_rank)
-        return x[rows].to(self.dev), y[rows].to(self.dev)
+        per_rank = self.cfg.batch_size // self.replicas
+        rows = slice(self.replica * per_rank, (self.replica + 1) * per_rank)
+        x, y = x[rows], y[rows]
+        if self.shard is not None:
+            x, y = x[:, self.shard.indices], y[:, self.shard.indices]
+        return x.to(self.dev), y.to(self.dev)
 
     def step(self, step: int) -> float:
         """One optimizer step on the batch of ``step``; returns its loss (nats per byte)."""
         x, y = self.batch(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(step, self.cfg)
-        loss = next_byte_loss(self.net(x), y)
+        logits = self.net(x) if self.shard is None else self.net(x, shard=self.shard)
+        loss = next_byte_loss(logits, y)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
-        value = loss.item()
+        value = loss.item() if self.shard is None else _mean_over(loss.detach(), self.shard.group)
         if not math.isfinite(value):
             raise LabError(
                 f"training diverged at step {step + 1}: loss is {value}; lower --lr (was {self.cfg.lr})"
