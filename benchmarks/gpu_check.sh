@@ -21,7 +21,10 @@
 #    continuation, Gemma's sliding windows), sliding-window attention at 4K-64K on the windowed kernel, then
 #    posenc extend's gpu protocol (1x, 2x and 4x the trained length: SmolLM2 8192 .. 32768 tokens, Gemma
 #    32768 .. 131072; every method, the task suite with three haystacks per task) in bfloat16, into
-#    $EXTEND_OUT-<model>.
+#    $EXTEND_OUT-<model>;
+# 7. context parallelism on CUDA: the ring (every rank in one process) with RoPE, ALiBi, a window, sinks and
+#    a remap against posenc.attention on CUDA, forward and backward, and its time against posenc.attention
+#    at 16K; with two or more GPUs, ring_attention on NCCL (torchrun, one rank per GPU) against one GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -127,3 +130,67 @@ for model in smollm2-135m gemma3-270m; do
     "$PY" -m posenc.cli extend --budget gpu --model "$model" --device cuda --dtype bfloat16 \
         --out "$EXTEND_OUT-$model" --no-progress
 done
+
+echo "== context parallelism on CUDA: the virtual ring against posenc.attention (forward, backward, time)"
+"$PY" - <<'PYEOF'
+import time, torch, posenc
+from posenc.parallel import shard, shard_indices, unshard, virtual_ring_attention
+torch.manual_seed(0)
+rope, alibi = posenc.RotaryEmbedding(64), posenc.ALiBi(8).cuda()
+cases = {"rope": dict(rotary=rope), "alibi": dict(bias=alibi), "rope+window": dict(rotary=rope, window=512),
+         "rope+sinks": dict(rotary=rope, sinks=torch.linspace(-1, 1, 8, device="cuda")),
+         "selfextend": dict(rotary=rope, remap=posenc.SelfExtend(4, 256))}
+L, W = 4096, 4
+for name, terms in cases.items():
+    q, k, v = (torch.randn(1, h, L, 64, device="cuda", requires_grad=True) for h in (8, 2, 2))
+    indices = [shard_indices(L, W, r, "headtail").cuda() for r in range(W)]
+    outs = virtual_ring_attention([shard(q, i, 2) for i in indices], [shard(k, i, 2) for i in indices],
+                                  [shard(v, i, 2) for i in indices], indices=indices, **terms)
+    out = unshard(outs, indices, L, dim=2)
+    ref_terms = dict(terms)
+    if "window" in ref_terms:
+        w = ref_terms.pop("window")
+        i = torch.arange(L, device="cuda")
+        ref_terms["bias"] = (i[:, None] - i[None, :]) < w
+    ref = posenc.attention(q, k, v, **ref_terms)
+    g = torch.randn_like(ref)
+    ga, gr = torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)
+    err = (out - ref).abs().max().item()
+    gerr = max((a - b).abs().max().item() for a, b in zip(ga, gr))
+    print(f"{name}: max |ring - attention| = {err:.2e}, max grad diff = {gerr:.2e}")
+    assert err < 1e-4 and gerr < 1e-3, f"the ring disagrees with posenc.attention on CUDA ({name})"
+L = 16384
+q, k, v = (torch.randn(1, h, L, 64, device="cuda", requires_grad=True) for h in (8, 2, 2))
+indices = [shard_indices(L, 2, r, "headtail").cuda() for r in range(2)]
+shards = [[shard(t, i, 2).detach().requires_grad_() for t in (q, k, v)] for i in indices]
+def ring():
+    outs = virtual_ring_attention(*[[s[j] for s in shards] for j in range(3)], indices=indices, rotary=rope)
+    torch.autograd.grad(sum(o.sum() for o in outs), [t for s in shards for t in s])
+def one():
+    torch.autograd.grad(posenc.attention(q, k, v, rotary=rope).sum(), (q, k, v))
+for name, fn in (("posenc.attention", one), ("virtual ring, 2 ranks", ring)):
+    fn(); torch.cuda.synchronize(); t = time.perf_counter()
+    for _ in range(3): fn()
+    torch.cuda.synchronize(); print(f"L={L} forward+backward {name}: {(time.perf_counter() - t) / 3 * 1e3:.1f} ms")
+PYEOF
+
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    echo "== ring_attention on NCCL: torchrun, one rank per GPU, against one GPU"
+    cat > /tmp/posenc_ring_nccl.py <<'PYEOF'
+import os, torch, torch.distributed as dist, posenc
+from posenc.parallel import ring_attention, shard, shard_indices
+dist.init_process_group("nccl")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, h, 8192, 64, device="cuda", requires_grad=True) for h in (8, 2, 2))
+rope, indices = posenc.RotaryEmbedding(64), shard_indices(8192, world, rank, "headtail").cuda()
+mine = ring_attention(shard(q, indices, 2), shard(k, indices, 2), shard(v, indices, 2), indices=indices, rotary=rope)
+ref = posenc.attention(q, k, v, rotary=rope)[:, :, indices]
+err = (mine - ref).abs().max().item()
+print(f"rank {rank}/{world}: max |ring - one GPU| = {err:.2e}")
+assert err < 1e-4
+dist.destroy_process_group()
+PYEOF
+    "$PY" -m torch.distributed.run --standalone --nproc-per-node "$(nvidia-smi -L | wc -l)" /tmp/posenc_ring_nccl.py
+fi

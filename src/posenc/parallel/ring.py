@@ -55,7 +55,8 @@ class _Done:
 
 class ProcessRing:
     """This process's rank of a torch.distributed group; a shift is one isend to the next rank and one irecv
-    from the previous per tensor, posted at once and waited on later (overlapping the caller's compute)."""
+    from the previous per tensor, posted as one batch and waited on later (overlapping the caller's
+    compute)."""
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -83,18 +84,21 @@ class ProcessRing:
 
     def largest(self, value: int) -> int:
         """The largest of the ranks' values: one all-reduce."""
-        t = torch.tensor([value], dtype=torch.long)
+        nccl = self.dist.get_backend(self.group) == "nccl"  # NCCL reduces device tensors only
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+        t = torch.tensor([value], dtype=torch.long, device=device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
         return int(t)
 
     def start_shift(self, parcels: list) -> _Pending:
         (parcel,) = parcels
         received = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in parcel)
-        works = []
+        ops = []
         for t, buf in zip(parcel, received, strict=True):
-            works.append(self.dist.irecv(buf, src=self.prev, group=self.group))
-            works.append(self.dist.isend(t.contiguous(), dst=self.next, group=self.group))
-        return _Pending(works, [received])
+            ops.append(self.dist.P2POp(self.dist.irecv, buf, self.prev, self.group))
+            ops.append(self.dist.P2POp(self.dist.isend, t.contiguous(), self.next, self.group))
+        # one batch: NCCL may deadlock on a ring of separately issued sends and receives
+        return _Pending(self.dist.batch_isend_irecv(ops), [received])
 
 
 class _Pending:
