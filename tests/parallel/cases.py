@@ -112,14 +112,18 @@ def _allowed(case: Case) -> torch.Tensor | None:
     return ok
 
 
-def make_case(term: str, length: int, causal: bool, dtype=torch.float64, seed: int = 0, heads=4, kv_heads=2):
+def make_case(
+    term: str, length: int, causal: bool, dtype=torch.float64, seed: int = 0, heads=4, kv_heads=2, v_dim=8
+):
+    """One term's case; values as wide as queries (v_dim 8) take the flash path on the CPU, narrower ones
+    the ring's own arithmetic."""
     gen = torch.Generator().manual_seed(seed * 1000 + length)
     dim = 8
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen, dtype=dtype).requires_grad_(True)
 
-    q, k, v = rand(2, heads, length, dim), rand(2, kv_heads, length, dim), rand(2, kv_heads, length, 6)
+    q, k, v = rand(2, heads, length, dim), rand(2, kv_heads, length, dim), rand(2, kv_heads, length, v_dim)
     options: dict = {"causal": causal}
     case = Case(term, length, causal, dtype, q, k, v, options)
     if term in ("rope", "window", "window-alibi", "documents", "sinks", *REMAPS):

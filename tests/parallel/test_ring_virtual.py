@@ -44,18 +44,35 @@ def _error(case, world, layout):
     st.sampled_from(LAYOUTS),
     st.booleans(),
     st.integers(2, 40),
+    st.sampled_from([6, 8]),
 )
-def test_virtual_ring_equals_one_process_float64(term, world, layout, causal, length):
+def test_virtual_ring_equals_one_process_float64(term, world, layout, causal, length, v_dim):
+    # v_dim 8 (as wide as the queries) runs the flash kernel's blocks, 6 the ring's own arithmetic
     if term == "documents":
         length = max(length, 4)
-    case = make_case(term, length, causal, torch.float64)
+    case = make_case(term, length, causal, torch.float64, v_dim=v_dim)
     assert _error(case, world, layout) <= TOLERANCE[torch.float64]
 
 
+@pytest.mark.parametrize("v_dim", [6, 8])
 @pytest.mark.parametrize("term", TERMS)
-def test_virtual_ring_equals_one_process_float32(term):
-    case = make_case(term, 23, True, torch.float32)
+def test_virtual_ring_equals_one_process_float32(term, v_dim):
+    case = make_case(term, 23, True, torch.float32, v_dim=v_dim)
     assert _error(case, 3, "headtail") <= TOLERANCE[torch.float32]
+
+
+def test_untrained_terms_run_on_the_flash_kernel_and_trained_biases_do_not(monkeypatch):
+    from posenc.parallel import blocks
+
+    calls = []
+    real = blocks.flash
+    monkeypatch.setattr(blocks, "flash", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _error(make_case("alibi", 20, True, v_dim=8), 2, "headtail")
+    assert calls
+    calls.clear()
+    _error(make_case("t5", 20, True, v_dim=8), 2, "headtail")  # its table's gradient needs the scores
+    _error(make_case("alibi", 20, True, v_dim=6), 2, "headtail")  # the kernel wants v as wide as q
+    assert not calls
 
 
 def test_a_chunk_of_rows_takes_only_the_keys_it_may_see(monkeypatch):
@@ -118,3 +135,20 @@ def test_ring_attention_needs_a_process_group():
     qs, ks, vs, indices = _shards(world=1)
     with pytest.raises(ValueError, match="needs torch.distributed initialised"):
         ring_attention(qs[0], ks[0], vs[0], indices=indices[0])
+
+
+def test_head_tail_blocks_are_whole_causal_or_skipped_run_pairs_and_striped_ones_are_masked():
+    from posenc.parallel import blocks, shard_indices
+
+    def pairs(layout, q_rank, k_rank, length=16):
+        rule = blocks.Rule(causal=True, window=None, bias=None, scale=1.0)
+        q_index, k_index = (shard_indices(length, 2, r, layout) for r in (q_rank, k_rank))
+        n = length // 2
+        queries = blocks.Queries(torch.zeros(1, 1, n, 4), q_index, q_index, None)
+        keys = blocks.Keys(torch.zeros(1, 1, n, 4), torch.zeros(1, 1, n, 4), k_index, k_index, None)
+        return blocks._run_pairs(rule, queries, keys)
+
+    # rank 0 holds 0-3 and 12-15, rank 1 holds 4-11: its tail sees all of rank 1, its head none
+    assert [(r.start, c.start, causal) for r, c, causal in pairs("headtail", 0, 1)] == [(4, 0, False)]
+    assert [causal for _, _, causal in pairs("headtail", 0, 0)] == [True, False, True]
+    assert pairs("striped", 0, 1, length=64) is None  # 32 runs of one token: the masked chunks

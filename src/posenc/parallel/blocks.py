@@ -6,9 +6,15 @@ Which query-key pairs may meet is decided by global token indices (-1 for a pad 
 <= query index), a sliding window (query index - key index < window), packed documents (equal document
 ids). A score bias is evaluated at the pair's positions through :meth:`~posenc.bias.base.ScoreBias.tile`,
 so its distances are the global ones whatever the layout; with a remap's views (q and k hold one rotation
-per view side by side), each pair is scored by the view whose band holds its global distance. Queries go
-in chunks of rows and each chunk takes only the key columns some of its rows may see, so a causal or
-windowed block costs what it must and peak memory is a chunk's scores, not a block's.
+per view side by side), each pair is scored by the view whose band holds its global distance.
+
+Three paths, the first that applies: runs of consecutive tokens (contiguous and head-tail shards) with no
+bias, window or documents, each pair of runs whole, causal on the diagonal or skipped, on torch's CPU flash
+kernel without a mask; chunks of query rows on the flash kernel with an additive mask (a bias without
+trained parameters, windows, documents, pads); chunks of rows on this module's own arithmetic (trained
+biases, whose parameter gradients need the scores; remaps; values narrower than the queries; CUDA). A
+chunk takes only the key columns some of its rows may see, so a causal or windowed block costs what it
+must and peak memory is a chunk's scores, not a block's.
 """
 
 from __future__ import annotations
@@ -18,12 +24,19 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.blocked_common import flash, flash_bwd
+
 __all__ = ["Keys", "Queries", "Rule", "block_backward", "block_forward", "merge"]
 
 # Scores held at once per chunk of query rows (batch x heads x rows x keys).
 _CHUNK_SCORES = 1 << 22
 # A chunk takes a gathered subset of key columns when it needs at most this share of them.
 _GATHER_SHARE = 0.75
+# What a disallowed pair adds to its score on the flash path: exp of it is exactly 0 beside any real score.
+_MASKED = -1e30
+# A shard of at most this many runs of consecutive indices (contiguous: 1, head-tail: 2 per document) is
+# attended run against run, each pair whole, causal on the diagonal or skipped: no mask at all.
+_MAX_RUNS = 8
 
 
 @dataclass
@@ -57,6 +70,14 @@ class Rule:
     bias: object  # a ScoreBias or None
     scale: float
     bands: tuple | None = None  # a remap's views: q and k hold one rotation per view side by side
+
+    def flash(self, q: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether blocks run on torch's CPU flash kernel (scores never materialised): on the CPU, values as
+        wide as queries (the kernel's condition), without a remap's views or a bias whose parameters need
+        their gradient from the scores."""
+        trained = self.bias is not None and any(p.requires_grad for p in self.bias.parameters())
+        cpu = q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+        return cpu and self.bands is None and not trained
 
     def allowed(self, qi, ki, qd, kd) -> torch.Tensor:
         """(rows, n) True where query index qi may see key index ki."""
@@ -134,6 +155,49 @@ def _chunk_mask(rule, queries, keys, rows):
     return rule.allowed(queries.index[rows], keys.index, qd, keys.document)
 
 
+def _runs(index: torch.Tensor) -> list[tuple[int, int, int]] | None:
+    """(start in the shard, length, first global index) of each run of consecutive indices, pads left out;
+    None past _MAX_RUNS runs (striped layouts)."""
+    real = index >= 0
+    starts = torch.ones_like(real)
+    starts[1:] = (index[1:] != index[:-1] + 1) | (real[1:] != real[:-1])
+    where = starts.nonzero().squeeze(1).tolist()
+    if len(where) > 2 * _MAX_RUNS:
+        return None
+    runs = []
+    for a, z in zip(where, [*where[1:], index.numel()], strict=True):
+        if bool(real[a]):
+            runs.append((a, z - a, int(index[a])))
+    return runs if len(runs) <= _MAX_RUNS else None
+
+
+def _run_pairs(rule: Rule, queries: Queries, keys: Keys):
+    """(query rows, key columns, is_causal) of every pair of runs that meets; None when the block is not
+    made of whole, diagonal or skipped pairs (a bias, window, documents or remap; striped runs; a pair that
+    overlaps other than on the diagonal)."""
+    if (
+        rule.bias is not None
+        or rule.window is not None
+        or rule.bands is not None
+        or queries.document is not None
+    ):
+        return None
+    q_runs, k_runs = _runs(queries.index), _runs(keys.index)
+    if q_runs is None or k_runs is None:
+        return None
+    pairs = []
+    for qa, qn, qi in q_runs:
+        for ka, kn, ki in k_runs:
+            rows, cols = slice(qa, qa + qn), slice(ka, ka + kn)
+            if not rule.causal or ki + kn - 1 <= qi:
+                pairs.append((rows, cols, False))
+            elif ki == qi and kn == qn:
+                pairs.append((rows, cols, True))
+            elif ki <= qi + qn - 1:
+                return None  # a partial overlap: the masked path
+    return pairs
+
+
 def block_forward(rule: Rule, queries: Queries, keys: Keys):
     """(out (B, H, m, Dv), lse (B, H, m)) of the queries against these keys alone; a row that may see no
     key gets out 0 and lse -inf."""
@@ -141,6 +205,15 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
     dtype = queries.q.dtype
     out = queries.q.new_zeros(b, h, m, keys.v.shape[-1])
     lse = queries.q.new_full((b, h, m), -math.inf)
+    pairs = _run_pairs(rule, queries, keys) if rule.flash(queries.q, keys.v) else None
+    if pairs is not None:
+        k, v = _expanded(keys.k, h), _expanded(keys.v, h)
+        for rows, cols, causal in pairs:
+            o, l_ = flash(
+                queries.q[:, :, rows], k[:, :, cols], v[:, :, cols], is_causal=causal, scale=rule.scale
+            )
+            out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, l_.to(dtype))
+        return out, lse
     for rows in _chunks(queries, keys):
         ok = _chunk_mask(rule, queries, keys, rows)
         cols = _columns(ok)
@@ -148,11 +221,43 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
             continue
         k, v, kp = _select(keys, cols)
         ok = ok if cols is None else ok.index_select(1, cols)
+        if rule.flash(queries.q, keys.v):
+            o, chunk_lse = _flash_forward(rule, queries.q[:, :, rows], k, v, ok, queries.position[rows], kp)
+            out[:, :, rows], lse[:, :, rows] = o, chunk_lse
+            continue
         s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype)
         chunk_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _finite(chunk_lse)[..., None])
         out[:, :, rows] = _grouped_pv(p, v)
         lse[:, :, rows] = chunk_lse
+    return out, lse
+
+
+def _expanded(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """k or v (B, Hk, n, D) with each kv head repeated for its query heads (the flash kernel's layout)."""
+    return t if t.shape[1] == heads else t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _flash_mask(rule: Rule, ok, qp, kp, dtype) -> torch.Tensor:
+    """The additive (1, 1 or H, rows, cols) mask of the flash path: the bias (or 0) where a pair may meet,
+    _MASKED elsewhere."""
+    if rule.bias is None:
+        mask = torch.zeros((1, *ok.shape), dtype=dtype, device=ok.device)
+    else:
+        mask = rule.bias.tile(qp, kp).detach().to(dtype)
+    return mask.masked_fill(~ok, _MASKED)[None]
+
+
+def _flash_forward(rule: Rule, q, k, v, ok, qp, kp):
+    """(out, lse) of a chunk of rows on torch's CPU flash kernel; rows that see no key here get 0, -inf."""
+    h = q.shape[1]
+    mask = _flash_mask(rule, ok, qp, kp, q.dtype)
+    out, lse = flash(q, _expanded(k, h), _expanded(v, h), attn_mask=mask, scale=rule.scale)
+    lse = lse.to(q.dtype)
+    blind = ~ok.any(1)
+    if bool(blind.any()):
+        out = out.masked_fill(blind[:, None], 0.0)
+        lse = lse.masked_fill(blind, -math.inf)
     return out, lse
 
 
@@ -189,13 +294,58 @@ def merge(out, lse, out_b, lse_b):
     return out * w[..., None] + out_b * w_b[..., None], new
 
 
-def block_backward(rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, dq, dk, dv, params, grads):
+def _run_pairs_backward(queries, keys, pairs, scale, dout, out, lse, dq, dk, dv) -> None:
+    """The flash kernel's backward over every meeting pair of runs (:func:`_run_pairs`)."""
+    b, h = queries.q.shape[:2]
+    hk = keys.k.shape[1]
+    k, v = _expanded(keys.k, h), _expanded(keys.v, h)
+    dk_x, dv_x = torch.zeros_like(k), torch.zeros_like(v)
+    # a row with no key anywhere (a pad) has lse -inf: any large lse makes its p 0 instead of NaN
+    lse = lse.masked_fill(torch.isinf(lse), -_MASKED)
+    lse = lse if queries.q.dtype == torch.float64 else lse.to(torch.float32)
+    for rows, cols, causal in pairs:
+        dq_p, dk_p, dv_p = flash_bwd(
+            dout[:, :, rows].contiguous(),
+            queries.q[:, :, rows],
+            k[:, :, cols],
+            v[:, :, cols],
+            out[:, :, rows].contiguous(),
+            lse[:, :, rows].contiguous(),
+            0.0,
+            causal,
+            scale=scale,
+        )
+        dq[:, :, rows] += dq_p
+        dk_x[:, :, cols] += dk_p
+        dv_x[:, :, cols] += dv_p
+    dk += dk_x.view(b, hk, h // hk, *dk_x.shape[2:]).sum(2)
+    dv += dv_x.view(b, hk, h // hk, *dv_x.shape[2:]).sum(2)
+
+
+def _add_columns(dk, dv, dk_b, dv_b, cols) -> None:
+    if cols is None:
+        dk += dk_b
+        dv += dv_b
+    else:
+        dk.index_add_(2, cols, dk_b)
+        dv.index_add_(2, cols, dv_b)
+
+
+def block_backward(
+    rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, dq, dk, dv, params, grads, out=None
+):
     """Adds this block's gradients into dq (B, H, m, D), dk, dv (B, Hk, n, .) and the bias parameters'
-    ``grads``. ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse."""
+    ``grads``. ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out``
+    the final output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's
+    backward, which forms rowsum(dout * out) itself, may run the block."""
     b, h, m, d = queries.q.shape
     hk = keys.k.shape[1]
     g = h // hk
     dtype = queries.q.dtype
+    pairs = _run_pairs(rule, queries, keys) if out is not None and rule.flash(queries.q, keys.v) else None
+    if pairs is not None:
+        _run_pairs_backward(queries, keys, pairs, rule.scale, dout, out, lse, dq, dk, dv)
+        return
     for rows in _chunks(queries, keys):
         ok = _chunk_mask(rule, queries, keys, rows)
         cols = _columns(ok)
@@ -205,6 +355,27 @@ def block_backward(rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, d
         ok = ok if cols is None else ok.index_select(1, cols)
         q = queries.q[:, :, rows]
         r = q.shape[2]
+        if out is not None and rule.flash(q, v):
+            mask = _flash_mask(rule, ok, queries.position[rows], kp, dtype)
+            # a row with no key anywhere (a pad) has lse -inf: any large lse makes its p 0 instead of NaN
+            lse_r = lse[:, :, rows].masked_fill(torch.isinf(lse[:, :, rows]), -_MASKED).contiguous()
+            dq_b, dk_b, dv_b = flash_bwd(
+                dout[:, :, rows].contiguous(),
+                q,
+                _expanded(k, h),
+                _expanded(v, h),
+                out[:, :, rows].contiguous(),
+                lse_r.to(torch.float32) if q.dtype != torch.float64 else lse_r,
+                0.0,
+                False,
+                attn_mask=mask,
+                scale=rule.scale,
+            )
+            dq[:, :, rows] += dq_b
+            dk_b = dk_b.view(b, hk, g, *dk_b.shape[2:]).sum(2)
+            dv_b = dv_b.view(b, hk, g, *dv_b.shape[2:]).sum(2)
+            _add_columns(dk, dv, dk_b, dv_b, cols)
+            continue
         s = _scores(rule, q, k, ok, queries.position[rows], kp, dtype)
         p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
         do = dout[:, :, rows]
@@ -224,12 +395,7 @@ def block_backward(rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, d
             dq[:, :, rows] += rule.scale * torch.cat(dq_v, dim=-1)
             dk_b = rule.scale * torch.cat(dk_v, dim=-1)
         dv_b = torch.einsum("bkgmn,bkgmd->bknd", p.view(b, hk, g, r, -1), do.view(b, hk, g, r, -1))
-        if cols is None:
-            dk += dk_b
-            dv += dv_b
-        else:
-            dk.index_add_(2, cols, dk_b)
-            dv.index_add_(2, cols, dv_b)
+        _add_columns(dk, dv, dk_b, dv_b, cols)
         if params:
             with torch.enable_grad():
                 tile = rule.bias.tile(queries.position[rows], kp)

@@ -145,6 +145,7 @@ class _RingFunction(torch.autograd.Function):
             if pending is not None:
                 parcels = pending.wait()
         ctx.ring, ctx.rule, ctx.meta, ctx.n_local, ctx.n_params = ring, rule, meta, n_local, n_params
+        ctx.set_materialize_grads(False)  # an unused log-sum-exp's gradient stays None: the flash backward
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses, *tensors[3 * n_local :])
         return (*outs, *lses)
 
@@ -179,6 +180,7 @@ class _RingFunction(torch.autograd.Function):
                     dv,
                     params,
                     param_grads,
+                    out=None if grads[n + j] is not None else outs[j],  # dlse = 0: flash may run it
                 )
             travelling = ring.start_shift(travelling).wait() if ring.world_size > 1 else travelling
             if pending is not None:
