@@ -31,6 +31,7 @@ TERMS = (
     "leaky-rerope",
     "string",
     "dual-chunk",
+    "fox",
 )
 REMAPS = {
     "selfextend": lambda: posenc.SelfExtend(3, 4),
@@ -56,11 +57,14 @@ class Case:
     documents: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     params: list = field(default_factory=list)
+    gates: torch.Tensor | None = None  # FoX's log forget gates of the whole sequence (batch, heads, length)
 
     def reference(self) -> torch.Tensor:
         """posenc.attention on the whole sequence with the same term."""
         o = self.options
         rotary, bias = o.get("rotary"), o.get("bias")
+        if self.gates is not None:
+            bias = posenc.ForgetBias(self.gates)
         mask = _allowed(self)
         if mask is None:
             return posenc.attention(
@@ -89,6 +93,8 @@ class Case:
             kw["positions"] = shard_positions(indices, positions=self.positions)
         if self.documents is not None:
             kw["document_ids"] = shard(self.documents, indices, fill=-1)
+        if self.gates is not None:  # each rank's gates: its own tokens'
+            kw["bias"] = posenc.ForgetBias(shard(self.gates, indices))
         return kw
 
     def indices(self, world: int, rank: int, layout: str) -> torch.Tensor:
@@ -162,7 +168,12 @@ def make_case(
         case.params = [options["sinks"]]
     if term in REMAPS:
         options["remap"] = REMAPS[term]()
-    if term in ("sinks", *REMAPS) and not causal:
+    if term == "fox":  # with RoPE: FoX's decay on top of rotated scores
+        options["rotary"] = posenc.RotaryEmbedding(dim)
+        gates = torch.nn.functional.logsigmoid(torch.randn(2, heads, length, generator=gen, dtype=dtype) + 2)
+        case.gates = gates.requires_grad_(True)
+        case.params = [case.gates]
+    if term in ("sinks", "fox", *REMAPS) and not causal:
         options["causal"] = case.causal = True  # sinks and remaps are causal only, as posenc.attention's
     return case
 

@@ -42,23 +42,27 @@ _MAX_RUNS = 8
 @dataclass
 class Queries:
     """A rank's queries: q (B, H, m, D) rotated, in the work dtype; their global ``index`` (m,) (-1 = pad),
-    ``position`` (m,) for the bias and ``document`` (m,) ids or None."""
+    ``position`` (m,) for the bias, ``document`` (m,) ids or None, and ``term`` (B, H, m) float64 or None:
+    a per-token score term, query i and key j adding term_i - term_j (FoX's cumulative log forget gates)."""
 
     q: torch.Tensor
     index: torch.Tensor
     position: torch.Tensor
     document: torch.Tensor | None
+    term: torch.Tensor | None = None
 
 
 @dataclass
 class Keys:
-    """A rank's keys and values: k (B, Hk, n, D), v (B, Hk, n, Dv), and their index, position, document."""
+    """A rank's keys and values: k (B, Hk, n, D), v (B, Hk, n, Dv), and their index, position, document and
+    term (B, H, n)."""
 
     k: torch.Tensor
     v: torch.Tensor
     index: torch.Tensor
     position: torch.Tensor
     document: torch.Tensor | None
+    term: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class Rule:
     bias: object  # a ScoreBias or None
     scale: float
     bands: tuple | None = None  # a remap's views: q and k hold one rotation per view side by side
+    decay: bool = False  # per-token terms: query i and key j add term_i - term_j (FoX)
 
     def flash(self, q: torch.Tensor, v: torch.Tensor) -> bool:
         """Whether blocks run on torch's CPU flash kernel (scores never materialised): on the CPU, values as
@@ -77,7 +82,7 @@ class Rule:
         their gradient from the scores."""
         trained = self.bias is not None and any(p.requires_grad for p in self.bias.parameters())
         cpu = q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
-        return cpu and self.bands is None and not trained
+        return cpu and self.bands is None and not trained and not self.decay
 
     def allowed(self, qi, ki, qd, kd) -> torch.Tensor:
         """(rows, n) True where query index qi may see key index ki."""
@@ -129,9 +134,10 @@ def _views(t, n: int):
     return [t[..., v * width : (v + 1) * width] for v in range(n)]
 
 
-def _scores(rule: Rule, q, k, ok, qp, kp, dtype) -> torch.Tensor:
+def _scores(rule: Rule, q, k, ok, qp, kp, dtype, qt=None, kt=None) -> torch.Tensor:
     """(B, H, rows, cols) scores with the bias added and disallowed pairs at -inf; with a remap's views,
-    each pair scored by the view whose band holds its distance."""
+    each pair scored by the view whose band holds its distance; with per-token terms qt (B, H, rows) and
+    kt (B, H, cols), qt_i - kt_j added, the difference taken in float64 and rounded once."""
     if rule.bands is None:
         s = _grouped_qk(q, k) * rule.scale
     else:
@@ -141,13 +147,22 @@ def _scores(rule: Rule, q, k, ok, qp, kp, dtype) -> torch.Tensor:
             s = torch.where(band, _grouped_qk(qv, kv) * rule.scale, s)
     if rule.bias is not None:
         s = s + rule.bias.tile(qp, kp).to(dtype)
+    if qt is not None:
+        s = s + (qt[..., :, None] - kt[..., None, :]).to(dtype)
     return s.masked_fill(~ok, -math.inf)
 
 
 def _select(keys: Keys, cols):
+    """(k, v, positions, term) of the chosen key columns (all when ``cols`` is None)."""
     if cols is None:
-        return keys.k, keys.v, keys.position
-    return keys.k.index_select(2, cols), keys.v.index_select(2, cols), keys.position.index_select(0, cols)
+        return keys.k, keys.v, keys.position, keys.term
+    term = None if keys.term is None else keys.term.index_select(2, cols)
+    return (
+        keys.k.index_select(2, cols),
+        keys.v.index_select(2, cols),
+        keys.position.index_select(0, cols),
+        term,
+    )
 
 
 def _chunk_mask(rule, queries, keys, rows):
@@ -219,13 +234,14 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
         cols = _columns(ok)
         if cols is not None and cols.numel() == 0:
             continue
-        k, v, kp = _select(keys, cols)
+        k, v, kp, kt = _select(keys, cols)
         ok = ok if cols is None else ok.index_select(1, cols)
         if rule.flash(queries.q, keys.v):
             o, chunk_lse = _flash_forward(rule, queries.q[:, :, rows], k, v, ok, queries.position[rows], kp)
             out[:, :, rows], lse[:, :, rows] = o, chunk_lse
             continue
-        s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype)
+        qt = None if queries.term is None else queries.term[:, :, rows]
+        s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype, qt, kt)
         chunk_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _finite(chunk_lse)[..., None])
         out[:, :, rows] = _grouped_pv(p, v)
@@ -332,12 +348,25 @@ def _add_columns(dk, dv, dk_b, dv_b, cols) -> None:
 
 
 def block_backward(
-    rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, dq, dk, dv, params, grads, out=None
+    rule: Rule,
+    queries: Queries,
+    keys: Keys,
+    dout,
+    delta,
+    lse,
+    dq,
+    dk,
+    dv,
+    params,
+    grads,
+    out=None,
+    terms=None,
 ):
-    """Adds this block's gradients into dq (B, H, m, D), dk, dv (B, Hk, n, .) and the bias parameters'
-    ``grads``. ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out``
-    the final output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's
-    backward, which forms rowsum(dout * out) itself, may run the block."""
+    """Adds this block's gradients into dq (B, H, m, D), dk, dv (B, Hk, n, .), the bias parameters'
+    ``grads`` and, with per-token terms, ``terms`` = (d query terms (B, H, m), d key terms (B, H, n)).
+    ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out`` the final
+    output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's backward, which
+    forms rowsum(dout * out) itself, may run the block."""
     b, h, m, d = queries.q.shape
     hk = keys.k.shape[1]
     g = h // hk
@@ -351,7 +380,7 @@ def block_backward(
         cols = _columns(ok)
         if cols is not None and cols.numel() == 0:
             continue
-        k, v, kp = _select(keys, cols)
+        k, v, kp, kt = _select(keys, cols)
         ok = ok if cols is None else ok.index_select(1, cols)
         q = queries.q[:, :, rows]
         r = q.shape[2]
@@ -376,7 +405,8 @@ def block_backward(
             dv_b = dv_b.view(b, hk, g, *dv_b.shape[2:]).sum(2)
             _add_columns(dk, dv, dk_b, dv_b, cols)
             continue
-        s = _scores(rule, q, k, ok, queries.position[rows], kp, dtype)
+        qt = None if queries.term is None else queries.term[:, :, rows]
+        s = _scores(rule, q, k, ok, queries.position[rows], kp, dtype, qt, kt)
         p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
         do = dout[:, :, rows]
         dp = torch.einsum("bkgmd,bknd->bkgmn", do.view(b, hk, g, r, -1), v).reshape(b, h, r, -1)
@@ -396,6 +426,13 @@ def block_backward(
             dk_b = rule.scale * torch.cat(dk_v, dim=-1)
         dv_b = torch.einsum("bkgmn,bkgmd->bknd", p.view(b, hk, g, r, -1), do.view(b, hk, g, r, -1))
         _add_columns(dk, dv, dk_b, dv_b, cols)
+        if terms is not None:  # d(term_i - term_j): +dS summed over a row, -dS over a column
+            dqt, dkt = terms
+            dqt[:, :, rows] += ds.sum(-1).to(dqt.dtype)
+            if cols is None:
+                dkt -= ds.sum(-2).to(dkt.dtype)
+            else:
+                dkt.index_add_(2, cols, -ds.sum(-2).to(dkt.dtype))
         if params:
             with torch.enable_grad():
                 tile = rule.bias.tile(queries.position[rows], kp)

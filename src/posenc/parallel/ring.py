@@ -23,6 +23,7 @@ import torch
 
 from .. import _checks
 from ..bias.base import ScoreBias
+from ..bias.forget import ForgetBias
 from ..rope.protocol import is_rotary
 from .blocks import Keys, Queries, Rule, block_backward, block_forward, merge
 
@@ -39,6 +40,10 @@ class VirtualRing:
     def largest(self, value: int) -> int:
         """The largest of the ranks' values (here the caller already holds them all)."""
         return value
+
+    def gather(self, tensors: list) -> list:
+        """Every rank's tensor, in rank order (here the caller holds them all)."""
+        return list(tensors)
 
     def start_shift(self, parcels: list) -> _Done:
         """Each rank's parcel (a tuple of tensors) handed to the next rank: rank r receives r - 1's."""
@@ -90,6 +95,12 @@ class ProcessRing:
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
         return int(t)
 
+    def gather(self, tensors: list) -> list:
+        """Every rank's tensor, in rank order: one all-gather, differentiable (each rank's gradient comes
+        home summed over the ranks)."""
+        (tensor,) = tensors
+        return list(_AllGather.apply(self, tensor))
+
     def start_shift(self, parcels: list) -> _Pending:
         (parcel,) = parcels
         received = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in parcel)
@@ -99,6 +110,22 @@ class ProcessRing:
             ops.append(self.dist.P2POp(self.dist.isend, t.contiguous(), self.next, self.group))
         # one batch: NCCL may deadlock on a ring of separately issued sends and receives
         return _Pending(self.dist.batch_isend_irecv(ops), [received])
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ring, x):
+        parts = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(ring.world_size)]
+        ring.dist.all_gather(parts, x.contiguous(), group=ring.group)
+        ctx.ring = ring
+        return tuple(parts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ring = ctx.ring
+        full = torch.stack([g if g is not None else torch.zeros_like(grads[0]) for g in grads])
+        ring.dist.all_reduce(full, group=ring.group)
+        return None, full[ring.dist.get_rank(ring.group)]
 
 
 class _Pending:
@@ -112,13 +139,15 @@ class _Pending:
 
 
 def _keys_parcel(keys: Keys) -> tuple:
+    """What travels: k, v, index, position, and the document ids and term where there are (else empty)."""
     doc = keys.document if keys.document is not None else keys.index.new_zeros(0)
-    return keys.k, keys.v, keys.index, keys.position, doc
+    term = keys.term if keys.term is not None else keys.k.new_zeros(0)
+    return keys.k, keys.v, keys.index, keys.position, doc, term
 
 
-def _keys_from(parcel, documents: bool) -> Keys:
-    k, v, index, position, doc = parcel[:5]
-    return Keys(k, v, index, position, doc if documents else None)
+def _keys_from(parcel, documents: bool, terms: bool) -> Keys:
+    k, v, index, position, doc, term = parcel[:6]
+    return Keys(k, v, index, position, doc if documents else None, term if terms else None)
 
 
 class _RingFunction(torch.autograd.Function):
@@ -128,8 +157,10 @@ class _RingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ring, rule, meta, n_local, n_params, *tensors):
         qs, ks, vs = tensors[:n_local], tensors[n_local : 2 * n_local], tensors[2 * n_local : 3 * n_local]
-        queries = [Queries(q, *m) for q, m in zip(qs, meta, strict=True)]
-        keys = [Keys(k, v, *m) for k, v, m in zip(ks, vs, meta, strict=True)]
+        n_terms = n_local if rule.decay else 0
+        terms = tensors[3 * n_local : 3 * n_local + n_terms] if n_terms else [None] * n_local
+        queries = [Queries(q, *m, t) for q, m, t in zip(qs, meta, terms, strict=True)]
+        keys = [Keys(k, v, *m, t) for k, v, m, t in zip(ks, vs, meta, terms, strict=True)]
         documents = meta[0][2] is not None
         outs = [None] * n_local
         lses = [None] * n_local
@@ -137,7 +168,7 @@ class _RingFunction(torch.autograd.Function):
         for step in range(ring.world_size):
             pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
             for j, query in enumerate(queries):
-                out_b, lse_b = block_forward(rule, query, _keys_from(parcels[j], documents))
+                out_b, lse_b = block_forward(rule, query, _keys_from(parcels[j], documents, rule.decay))
                 if outs[j] is None:
                     outs[j], lses[j] = out_b, lse_b
                 else:
@@ -154,24 +185,31 @@ class _RingFunction(torch.autograd.Function):
         ring, rule, meta, n = ctx.ring, ctx.rule, ctx.meta, ctx.n_local
         saved = ctx.saved_tensors
         qs, ks, vs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n]
-        outs, lses, params = saved[3 * n : 4 * n], saved[4 * n : 5 * n], saved[5 * n :]
+        outs, lses, rest = saved[3 * n : 4 * n], saved[4 * n : 5 * n], saved[5 * n :]
+        terms = rest[:n] if rule.decay else [None] * n
+        params = rest[n:] if rule.decay else rest
         douts = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, grads[:n], strict=True)]
         dlses = [torch.zeros_like(lse) if g is None else g for lse, g in zip(lses, grads[n:], strict=True)]
         documents = meta[0][2] is not None
-        queries = [Queries(q, *m) for q, m in zip(qs, meta, strict=True)]
+        queries = [Queries(q, *m, t) for q, m, t in zip(qs, meta, terms, strict=True)]
         deltas = [(do * o).sum(-1) - dl for do, o, dl in zip(douts, outs, dlses, strict=True)]
         dqs = [torch.zeros_like(q) for q in qs]
         param_grads = [torch.zeros_like(p) for p in params]
-        parcels = [_keys_parcel(Keys(k, v, *m)) for k, v, m in zip(ks, vs, meta, strict=True)]
-        travelling = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in zip(ks, vs, strict=True)]
+        parcels = [_keys_parcel(Keys(k, v, *m, t)) for k, v, m, t in zip(ks, vs, meta, terms, strict=True)]
+        # what travels with each shard and comes home: its dK, dV (and the gradient of its key terms)
+        travelling = [
+            (torch.zeros_like(k), torch.zeros_like(v), *(() if t is None else (torch.zeros_like(t),)))
+            for k, v, t in zip(ks, vs, terms, strict=True)
+        ]
+        dterms = [None if t is None else torch.zeros_like(t) for t in terms]
         for step in range(ring.world_size):
             pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
             for j, query in enumerate(queries):
-                dk, dv = travelling[j]
+                dk, dv = travelling[j][:2]
                 block_backward(
                     rule,
                     query,
-                    _keys_from(parcels[j], documents),
+                    _keys_from(parcels[j], documents, rule.decay),
                     douts[j],
                     deltas[j],
                     lses[j],
@@ -181,13 +219,15 @@ class _RingFunction(torch.autograd.Function):
                     params,
                     param_grads,
                     out=None if grads[n + j] is not None else outs[j],  # dlse = 0: flash may run it
+                    terms=None if dterms[j] is None else (dterms[j], travelling[j][2]),
                 )
             travelling = ring.start_shift(travelling).wait() if ring.world_size > 1 else travelling
             if pending is not None:
                 parcels = pending.wait()
         dks = [t[0] for t in travelling]
         dvs = [t[1] for t in travelling]
-        return (None, None, None, None, None, *dqs, *dks, *dvs, *param_grads)
+        d_terms = [dt + t[2] for dt, t in zip(dterms, travelling, strict=True)] if rule.decay else []
+        return (None, None, None, None, None, *dqs, *dks, *dvs, *d_terms, *param_grads)
 
 
 def _check_shards(q, k, v, indices, name=""):
@@ -238,12 +278,16 @@ def _check_terms(bias, remap, rotary, window, causal, positions_1d: bool):
                 f"remap={remap!r} is causal, without a bias, at 1-D positions (the global indices); got "
                 f"causal={causal}, bias={type(bias).__name__}"
             )
-    if bias is not None and not isinstance(bias, ScoreBias):
+    if isinstance(bias, ForgetBias):
+        if not causal:
+            raise ValueError("a ForgetBias (FoX's decay) works with causal attention only, got causal=False")
+    elif bias is not None and not isinstance(bias, ScoreBias):
         raise ValueError(
-            "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias) or None; "
-            f"content biases and bias tensors are not supported across ranks, got {type(bias).__name__}"
+            "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias), FoX's "
+            "ForgetBias or None; the other content biases (Shaw, CoPE, the banded bias) and bias tensors are "
+            f"not supported across ranks, got {type(bias).__name__}"
         )
-    if bias is not None and not positions_1d:
+    if isinstance(bias, ScoreBias) and not positions_1d:
         raise ValueError("a score bias needs 1-D positions (its distances); got multi-axis positions")
     if window is not None:
         window = _checks.positive_int("window", window)
@@ -296,6 +340,14 @@ def _remapped(ring, remap, rotary, qs, ks, positions):
 
 
 def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, window, scale, sinks, remap):
+    biases = list(bias) if isinstance(bias, (list, tuple)) else [bias] * len(qs)
+    if len(biases) != len(qs) or len({type(b) for b in biases}) > 1:
+        raise ValueError(f"bias must be one bias, or one ForgetBias per rank ({len(qs)}), got {bias!r}")
+    if isinstance(bias, (list, tuple)) and not isinstance(biases[0], ForgetBias):
+        raise ValueError(
+            "one bias per rank is for FoX's ForgetBias (each rank's gates); give a score bias once"
+        )
+    bias = biases[0]
     positions = [ix.clamp(min=0) if p is None else p for ix, p in zip(indices, positions, strict=True)]
     window, causal = _check_terms(bias, remap, rotary, window, causal, all(p.dim() == 1 for p in positions))
     for j, (q, k, v, ix) in enumerate(zip(qs, ks, vs, indices, strict=True)):
@@ -317,7 +369,9 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
     if bands is None:
         head_dim = qs[0].shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else _checks.scale(scale)
-    rule = Rule(causal, window, bias, scale, bands)
+    decay = isinstance(bias, ForgetBias)
+    terms = _decay_terms(ring, [b.log_forget for b in biases], qs, indices) if decay else []
+    rule = Rule(causal, window, None if decay else bias, scale, bands, decay)
     bias_positions = [
         p if p.dim() == 1 else ix.clamp(min=0) for p, ix in zip(positions, indices, strict=True)
     ]
@@ -325,15 +379,36 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
         (ix.to(qs[0].device), bp.to(qs[0].device), None if d is None else d.to(qs[0].device))
         for ix, bp, d in zip(indices, bias_positions, documents, strict=True)
     ]
-    params = [] if bias is None else [p for p in bias.parameters() if p.requires_grad]
+    params = [] if rule.bias is None else [p for p in rule.bias.parameters() if p.requires_grad]
     n = len(qs)
     results = _RingFunction.apply(
-        ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *params
+        ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *terms, *params
     )
     outs, lses = results[:n], results[n:]
     if sinks is not None:
         outs = [_with_sinks(o, lse, sinks) for o, lse in zip(outs, lses, strict=True)]
     return [o.to(dtype) for o in outs]
+
+
+def _decay_terms(ring, log_forgets: list, qs: list, indices: list) -> list:
+    """FoX's c_t = sum_{l <= t} log f_l (float64) at each local rank's tokens, from every rank's gates in
+    global order: query i and key j then add c_i - c_j = sum_{l = j+1 .. i} log f_l. Differentiable."""
+    for lf, q, ix in zip(log_forgets, qs, indices, strict=True):
+        want = (q.shape[0], q.shape[1], ix.shape[0])
+        if not isinstance(lf, torch.Tensor) or tuple(lf.shape) != want:
+            raise ValueError(
+                f"a rank's ForgetBias must hold the log gates of its own tokens, (batch, heads, shard_len) = "
+                f"{want}, got {tuple(lf.shape) if isinstance(lf, torch.Tensor) else lf!r}"
+            )
+    every_gate = ring.gather(log_forgets)
+    every_index = ring.gather([ix.to(qs[0].device) for ix in indices])
+    length = 1 + max(int(ix.max()) for ix in every_index)
+    full = torch.zeros(*qs[0].shape[:2], length, dtype=torch.float64, device=qs[0].device)
+    for lf, ix in zip(every_gate, every_index, strict=True):
+        keep = ix >= 0
+        full = full.index_copy(-1, ix[keep], lf[..., keep].to(torch.float64))
+    c = full.cumsum(-1)
+    return [c.index_select(-1, ix.clamp(min=0).to(c.device)) for ix in indices]
 
 
 def length_dependent(rotary) -> bool:
@@ -391,8 +466,11 @@ def ring_attention(
         document_ids: (n,) a document id per token; a query sees keys of its own document only.
         rotary: a posenc rotary embedding applied at ``positions`` (RoPE, xPos, M-RoPE, axial).
         bias: a :class:`~posenc.bias.base.ScoreBias` (ALiBi, T5, KERPLE, Sandwich, FIRE) at each pair's global
-            positions. Its parameters' gradients are this rank's share: sum them over the group (as
-            data-parallel training sums every parameter's over its data x context mesh).
+            positions: its parameters' gradients are this rank's share, sum them over the group (as
+            data-parallel training sums every parameter's over its data x context mesh). Or FoX's
+            :class:`~posenc.ForgetBias` of this rank's tokens (its gate applied to the shard's hidden state,
+            (batch, heads, n)): the gates are gathered, summed in global order (float64), and query i and
+            key j add sum_{l = j+1 .. i} log f_l; causal.
         causal: a query sees keys at indices <= its own.
         window: a query sees keys at index distance < window (both sides when not causal).
         scale: score scale, default 1/sqrt(head_dim).
@@ -441,8 +519,9 @@ def virtual_ring_attention(
     remap=None,
 ) -> list[torch.Tensor]:
     """:func:`ring_attention` with every rank in this process: ``qs[r]``, ``ks[r]``, ``vs[r]``,
-    ``indices[r]`` (and ``positions[r]``, ``document_ids[r]`` when given) are rank r's; returns each rank's
-    output. The same ring, step by step, with the point-to-point transfers replaced by handing a list on."""
+    ``indices[r]`` (and ``positions[r]``, ``document_ids[r]`` when given; a ForgetBias per rank as
+    ``bias=[...]``) are rank r's; returns each rank's output. The same ring, step by step, with the
+    point-to-point transfers replaced by handing a list on."""
     if not isinstance(indices, (list, tuple)) or len(indices) == 0:
         raise ValueError("indices must be a list with one rank's indices per rank")
     world = len(indices)
