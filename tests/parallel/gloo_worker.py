@@ -4,7 +4,6 @@ case written to ``out/<rank>.json``."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 
@@ -14,18 +13,11 @@ import torch.distributed as dist
 from posenc.parallel import ring_attention, shard
 
 from .cases import gradients, make_case, weight_for
+from .group import gloo_rank
 
 
 def run_cases(rank: int, world: int, store: str, out: str, cases: list) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    try:
+    with gloo_rank(rank, world, store):
         errors = []
         for term, layout, causal, dtype_name, length in cases:
             dtype = getattr(torch, dtype_name)
@@ -54,5 +46,3 @@ def run_cases(rank: int, world: int, store: str, out: str, cases: list) -> None:
             errors.append([term, layout, causal, dtype_name, length, err])
         with open(os.path.join(out, f"{rank}.json"), "w") as f:
             json.dump(errors, f)
-    finally:
-        dist.destroy_process_group()

@@ -4,16 +4,16 @@ written to ``out/<rank>.json``."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 
 import torch
-import torch.distributed as dist
 import transformers
 
 from posenc.hf import context_parallel
 from posenc.parallel import shard, shard_indices
+
+from .group import gloo_rank
 
 
 def _tiny(config_class, model_class, attn_implementation="sdpa", dtype=torch.float64, **extra):
@@ -62,15 +62,7 @@ MODELS = {
 
 
 def run_models(rank: int, world: int, store: str, out: str, names: list, length: int, layout: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=120),
-    )
-    try:
+    with gloo_rank(rank, world, store):
         errors = {}
         ids = torch.randint(1, 128, (2, length), generator=torch.Generator().manual_seed(length))
         for name in names:
@@ -87,5 +79,3 @@ def run_models(rank: int, world: int, store: str, out: str, names: list, length:
             errors[name + " dtype"] = str(want.dtype)
         with open(os.path.join(out, f"{rank}.json"), "w") as f:
             json.dump(errors, f)
-    finally:
-        dist.destroy_process_group()

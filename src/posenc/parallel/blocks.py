@@ -165,9 +165,16 @@ def _select(keys: Keys, cols):
     )
 
 
-def _chunk_mask(rule, queries, keys, rows):
-    qd = None if queries.document is None else queries.document[rows]
-    return rule.allowed(queries.index[rows], keys.index, qd, keys.document)
+def _visible_chunks(rule: Rule, queries: Queries, keys: Keys):
+    """(rows, mask (rows, cols), the chosen columns or None for all, (k, v, positions, term) of them) for
+    each chunk of query rows that sees some key."""
+    for rows in _chunks(queries, keys):
+        qd = None if queries.document is None else queries.document[rows]
+        ok = rule.allowed(queries.index[rows], keys.index, qd, keys.document)
+        cols = _columns(ok)
+        if cols is not None and cols.numel() == 0:
+            continue
+        yield rows, ok if cols is None else ok.index_select(1, cols), cols, _select(keys, cols)
 
 
 def _runs(index: torch.Tensor) -> list[tuple[int, int, int]] | None:
@@ -229,13 +236,7 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
             )
             out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, l_.to(dtype))
         return out, lse
-    for rows in _chunks(queries, keys):
-        ok = _chunk_mask(rule, queries, keys, rows)
-        cols = _columns(ok)
-        if cols is not None and cols.numel() == 0:
-            continue
-        k, v, kp, kt = _select(keys, cols)
-        ok = ok if cols is None else ok.index_select(1, cols)
+    for rows, ok, _cols, (k, v, kp, kt) in _visible_chunks(rule, queries, keys):
         if rule.flash(queries.q, keys.v):
             o, chunk_lse = _flash_forward(rule, queries.q[:, :, rows], k, v, ok, queries.position[rows], kp)
             out[:, :, rows], lse[:, :, rows] = o, chunk_lse
@@ -375,13 +376,7 @@ def block_backward(
     if pairs is not None:
         _run_pairs_backward(queries, keys, pairs, rule.scale, dout, out, lse, dq, dk, dv)
         return
-    for rows in _chunks(queries, keys):
-        ok = _chunk_mask(rule, queries, keys, rows)
-        cols = _columns(ok)
-        if cols is not None and cols.numel() == 0:
-            continue
-        k, v, kp, kt = _select(keys, cols)
-        ok = ok if cols is None else ok.index_select(1, cols)
+    for rows, ok, cols, (k, v, kp, kt) in _visible_chunks(rule, queries, keys):
         q = queries.q[:, :, rows]
         r = q.shape[2]
         if out is not None and rule.flash(q, v):
