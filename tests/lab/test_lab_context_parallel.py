@@ -95,8 +95,8 @@ def test_context_parallel_needs_as_many_processes(corpus_dir, tmp_path):
 
 
 def test_encodings_that_cannot_be_split_are_refused_by_name():
+    from posenc.lab.context_parallel import check_context_parallel
     from posenc.lab.encodings import build
-    from posenc.lab.model import check_context_parallel
 
     for encoding, why in (("fox", "content bias"), ("shaw", "content bias"), ("rope-random", "drawn per")):
         with pytest.raises(LabError, match=f"does not support the '{encoding}' scheme yet: .*{why}"):

@@ -13,7 +13,7 @@ Shapes: token ids ``(B, T)``; residual stream ``(B, T, D)``; q, k, v ``(B, H, T,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ from torch import nn
 import posenc
 from posenc.lab.checks import check_number
 from posenc.lab.config import GPTConfig
+from posenc.lab.context_parallel import ContextShard, check_context_parallel
 from posenc.lab.encoding import Encoding
 from posenc.lab.encodings import build, eval_extension
 from posenc.lab.errors import LabError
@@ -29,37 +30,12 @@ from posenc.lab.extensions import rescaled_rotary
 
 __all__ = [
     "GPT",
-    "ContextShard",
     "GPTConfig",
     "KVCache",
-    "check_context_parallel",
     "eval_extension",
     "next_byte_loss",
     "rope_extension",
 ]
-
-
-@dataclass(frozen=True)
-class ContextShard:
-    """This rank's share of every sequence under context parallelism: the global token ``indices`` (n,) it
-    holds (:func:`posenc.parallel.shard_indices`) and the torch.distributed ``group`` of the ranks that hold
-    the rest; its layers attend on :func:`posenc.parallel.ring_attention`."""
-
-    indices: torch.Tensor
-    group: object
-
-
-def check_context_parallel(enc: Encoding, scheme: str) -> None:
-    """Refuse, before any work, an encoding whose terms cannot be split along the sequence here."""
-    why = None
-    if enc.hidden_terms is not None or enc.layer_bias is not None:
-        why = "its position terms read the hidden state of every earlier token (a content bias)"
-    elif enc.window is not None:
-        why = "its blockwise window is materialised over the whole sequence"
-    elif enc.random_positions is not None or enc.train_positions is not None:
-        why = "its training positions are drawn per forward pass over the whole sequence"
-    if why is not None:
-        raise LabError(f"--context-parallel does not support the {scheme!r} scheme yet: {why}")
 
 
 class KVCache:
@@ -257,13 +233,11 @@ class GPT(nn.Module):
     def forward(
         self, idx: torch.Tensor, cache: KVCache | None = None, shard: ContextShard | None = None
     ) -> torch.Tensor:
-        """``shard``: under context parallelism, the global indices of the tokens ``idx`` holds and the
-        group of ranks holding the others (training only: no cache)."""
+        """``shard``: this rank's share of the sequence under context parallelism (training, no cache)."""
         if shard is not None:
-            return self._sharded_forward(idx, shard)
-        enc = self.encoding
+            return _sharded_forward(self, idx, shard)
+        enc, T = self.encoding, idx.shape[1]
         offset = cache.length if cache is not None else 0
-        T = idx.shape[1]
         x = self.tok(idx) * math.sqrt(self.cfg.d_model)
         positions = None
         if self.training and enc.train_positions is not None:
@@ -281,17 +255,6 @@ class GPT(nn.Module):
             x = block(x, attend, cache, i, None if self.hidden_terms is None else self.hidden_terms[i])
         if cache is not None:
             cache.length += T
-        return self.norm(x) @ self.tok.weight.T
-
-    def _sharded_forward(self, idx: torch.Tensor, shard: ContextShard) -> torch.Tensor:
-        """This rank's logits (B, n, V) for its tokens at ``shard.indices``: positions are the global
-        indices, every layer's attention the ring's."""
-        check_context_parallel(self.encoding, self.cfg.encoding)
-        positions = shard.indices.to(idx.device)
-        x = self.encoding.input(self.tok(idx) * math.sqrt(self.cfg.d_model), positions=positions)
-        layers = _per_layer(self, idx.shape[1], 0, positions, idx.device, shard)
-        for block, attend in zip(self.blocks, layers, strict=True):
-            x = block(x, attend)
         return self.norm(x) @ self.tok.weight.T
 
     def _random_positions(self, T: int, device) -> torch.Tensor:
@@ -350,6 +313,18 @@ def _query_scales(cfg: GPTConfig, query_scale) -> nn.ParameterList | None:
     return nn.ParameterList(
         nn.Parameter(torch.full((cfg.n_head,), float(query_scale.init))) for _ in range(cfg.n_layer)
     )
+
+
+def _sharded_forward(model: GPT, idx: torch.Tensor, shard: ContextShard) -> torch.Tensor:
+    """This rank's logits (B, n, V) for its tokens at ``shard.indices``: positions are the global indices,
+    every layer's attention the ring's."""
+    check_context_parallel(model.encoding, model.cfg.encoding)
+    positions = shard.indices.to(idx.device)
+    x = model.encoding.input(model.tok(idx) * math.sqrt(model.cfg.d_model), positions=positions)
+    layers = _per_layer(model, idx.shape[1], 0, positions, idx.device, shard)
+    for block, attend in zip(model.blocks, layers, strict=True):
+        x = block(x, attend)
+    return model.norm(x) @ model.tok.weight.T
 
 
 def _per_layer(model: GPT, q_len: int, offset: int, positions, device, shard: ContextShard | None = None):

@@ -39,10 +39,11 @@ from posenc.lab.checkpoint import (
 )
 from posenc.lab.checks import check_int
 from posenc.lab.config import GPTConfig, TrainConfig
+from posenc.lab.context_parallel import ContextShard, check_context_parallel
 from posenc.lab.data import Corpus, batch_at, load_corpus
 from posenc.lab.encodings import build
 from posenc.lab.errors import LabError
-from posenc.lab.model import GPT, ContextShard, check_context_parallel, next_byte_loss
+from posenc.lab.model import GPT, next_byte_loss
 from posenc.lab.runtime import Processes
 from posenc.parallel import shard_indices
 

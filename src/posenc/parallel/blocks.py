@@ -340,12 +340,14 @@ def _run_pairs_backward(queries, keys, pairs, scale, dout, out, lse, dq, dk, dv)
 
 
 def _add_columns(dk, dv, dk_b, dv_b, cols) -> None:
-    if cols is None:
-        dk += dk_b
-        dv += dv_b
-    else:
-        dk.index_add_(2, cols, dk_b)
-        dv.index_add_(2, cols, dv_b)
+    """dk += dk_b and dv += dv_b (dv may be None) at the chosen key columns (all when ``cols`` is None)."""
+    for total, part in ((dk, dk_b), (dv, dv_b)):
+        if total is None:
+            continue
+        if cols is None:
+            total += part
+        else:
+            total.index_add_(2, cols, part)
 
 
 def block_backward(
@@ -377,61 +379,78 @@ def block_backward(
         _run_pairs_backward(queries, keys, pairs, rule.scale, dout, out, lse, dq, dk, dv)
         return
     for rows, ok, cols, (k, v, kp, kt) in _visible_chunks(rule, queries, keys):
-        q = queries.q[:, :, rows]
-        r = q.shape[2]
+        q, qp = queries.q[:, :, rows], queries.position[rows]
         if out is not None and rule.flash(q, v):
-            mask = _flash_mask(rule, ok, queries.position[rows], kp, dtype)
-            # a row with no key anywhere (a pad) has lse -inf: any large lse makes its p 0 instead of NaN
-            lse_r = lse[:, :, rows].masked_fill(torch.isinf(lse[:, :, rows]), -_MASKED).contiguous()
-            dq_b, dk_b, dv_b = flash_bwd(
-                dout[:, :, rows].contiguous(),
-                q,
-                _expanded(k, h),
-                _expanded(v, h),
-                out[:, :, rows].contiguous(),
-                lse_r.to(torch.float32) if q.dtype != torch.float64 else lse_r,
-                0.0,
-                False,
-                attn_mask=mask,
-                scale=rule.scale,
+            dq_b, dk_b, dv_b = _flash_chunk_backward(
+                rule, q, k, v, ok, qp, kp, dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
             )
             dq[:, :, rows] += dq_b
-            dk_b = dk_b.view(b, hk, g, *dk_b.shape[2:]).sum(2)
-            dv_b = dv_b.view(b, hk, g, *dv_b.shape[2:]).sum(2)
             _add_columns(dk, dv, dk_b, dv_b, cols)
             continue
         qt = None if queries.term is None else queries.term[:, :, rows]
-        s = _scores(rule, q, k, ok, queries.position[rows], kp, dtype, qt, kt)
+        s = _scores(rule, q, k, ok, qp, kp, dtype, qt, kt)
         p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
         do = dout[:, :, rows]
+        r = q.shape[2]
         dp = torch.einsum("bkgmd,bknd->bkgmn", do.view(b, hk, g, r, -1), v).reshape(b, h, r, -1)
         ds = p * (dp - delta[:, :, rows, None])
-        if rule.bands is None:
-            dq[:, :, rows] += rule.scale * _grouped_dq(ds, k)
-            dk_b = rule.scale * _grouped_dk(ds, q, hk)
-        else:
-            n = len(rule.bands)
-            inside = _view_masks(rule, queries.position[rows], kp)
-            dq_v, dk_v = [], []
-            for qv, kv, band in zip(_views(q, n), _views(k, n), inside, strict=True):
-                ds_v = ds * band
-                dq_v.append(_grouped_dq(ds_v, kv))
-                dk_v.append(_grouped_dk(ds_v, qv, hk))
-            dq[:, :, rows] += rule.scale * torch.cat(dq_v, dim=-1)
-            dk_b = rule.scale * torch.cat(dk_v, dim=-1)
+        dq_b, dk_b = _qk_gradients(rule, ds, q, k, qp, kp)
+        dq[:, :, rows] += dq_b
         dv_b = torch.einsum("bkgmn,bkgmd->bknd", p.view(b, hk, g, r, -1), do.view(b, hk, g, r, -1))
         _add_columns(dk, dv, dk_b, dv_b, cols)
         if terms is not None:  # d(term_i - term_j): +dS summed over a row, -dS over a column
             dqt, dkt = terms
             dqt[:, :, rows] += ds.sum(-1).to(dqt.dtype)
-            if cols is None:
-                dkt -= ds.sum(-2).to(dkt.dtype)
-            else:
-                dkt.index_add_(2, cols, -ds.sum(-2).to(dkt.dtype))
+            _add_columns(dkt, None, -ds.sum(-2).to(dkt.dtype), None, cols)
         if params:
-            with torch.enable_grad():
-                tile = rule.bias.tile(queries.position[rows], kp)
-                found = torch.autograd.grad(tile, params, ds.sum(0).to(tile.dtype), allow_unused=True)
-            for total, grad in zip(grads, found, strict=True):
-                if grad is not None:
-                    total += grad
+            _bias_gradients(rule, qp, kp, ds, params, grads)
+
+
+def _flash_chunk_backward(rule: Rule, q, k, v, ok, qp, kp, dout, out, lse):
+    """(dq, dk, dv) of a chunk of rows on the flash kernel's backward, dk and dv summed to the kv heads."""
+    b, h = q.shape[:2]
+    hk = k.shape[1]
+    mask = _flash_mask(rule, ok, qp, kp, q.dtype)
+    # a row with no key anywhere (a pad) has lse -inf: any large lse makes its p 0 instead of NaN
+    lse = lse.masked_fill(torch.isinf(lse), -_MASKED).contiguous()
+    dq_b, dk_b, dv_b = flash_bwd(
+        dout.contiguous(),
+        q,
+        _expanded(k, h),
+        _expanded(v, h),
+        out.contiguous(),
+        lse.to(torch.float32) if q.dtype != torch.float64 else lse,
+        0.0,
+        False,
+        attn_mask=mask,
+        scale=rule.scale,
+    )
+    return (
+        dq_b,
+        dk_b.view(b, hk, h // hk, *dk_b.shape[2:]).sum(2),
+        dv_b.view(b, hk, h // hk, *dv_b.shape[2:]).sum(2),
+    )
+
+
+def _qk_gradients(rule: Rule, ds, q, k, qp, kp):
+    """(dq, dk) of a chunk from its score gradients dS; with a remap's views, each view's share of dS."""
+    hk = k.shape[1]
+    if rule.bands is None:
+        return rule.scale * _grouped_dq(ds, k), rule.scale * _grouped_dk(ds, q, hk)
+    n = len(rule.bands)
+    dq_v, dk_v = [], []
+    for qv, kv, band in zip(_views(q, n), _views(k, n), _view_masks(rule, qp, kp), strict=True):
+        ds_v = ds * band
+        dq_v.append(_grouped_dq(ds_v, kv))
+        dk_v.append(_grouped_dk(ds_v, qv, hk))
+    return rule.scale * torch.cat(dq_v, dim=-1), rule.scale * torch.cat(dk_v, dim=-1)
+
+
+def _bias_gradients(rule: Rule, qp, kp, ds, params, grads) -> None:
+    """Adds the bias parameters' gradients of a chunk: its tile's, against dS summed over the batch."""
+    with torch.enable_grad():
+        tile = rule.bias.tile(qp, kp)
+        found = torch.autograd.grad(tile, params, ds.sum(0).to(tile.dtype), allow_unused=True)
+    for total, grad in zip(grads, found, strict=True):
+        if grad is not None:
+            total += grad
