@@ -103,11 +103,16 @@ class ProcessRing:
 
     def start_shift(self, parcels: list) -> _Pending:
         (parcel,) = parcels
-        received = tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in parcel)
+        # an empty placeholder (no documents, no terms) stays: every rank holds the same one
+        received = tuple(
+            t if t.numel() == 0 else torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t in parcel
+        )
         ops = []
         for t, buf in zip(parcel, received, strict=True):
-            ops.append(self.dist.P2POp(self.dist.irecv, buf, self.prev, self.group))
-            ops.append(self.dist.P2POp(self.dist.isend, t.contiguous(), self.next, self.group))
+            if t.numel():
+                ops.append(self.dist.P2POp(self.dist.irecv, buf, self.prev, self.group))
+                ops.append(self.dist.P2POp(self.dist.isend, t.contiguous(), self.next, self.group))
         # one batch: NCCL may deadlock on a ring of separately issued sends and receives
         return _Pending(self.dist.batch_isend_irecv(ops), [received])
 
@@ -123,7 +128,7 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         ring = ctx.ring
-        full = torch.stack([g if g is not None else torch.zeros_like(grads[0]) for g in grads])
+        full = torch.stack(grads)  # each rank's gradient for every rank's part; summed, each takes its own
         ring.dist.all_reduce(full, group=ring.group)
         return None, full[ring.dist.get_rank(ring.group)]
 
