@@ -36,6 +36,22 @@ def test_a_patched_model_runs_only_through_its_handle_and_close_restores_it():
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_soft_capped_attention_is_refused_before_any_work():
+    torch.manual_seed(0)
+    config = transformers.Gemma2Config(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        attn_logit_softcapping=50.0,
+    )
+    with pytest.raises(ValueError, match="soft-caps its attention logits"):
+        posenc.hf.context_parallel(transformers.Gemma2ForCausalLM(config))
+
+
 def test_a_length_dependent_rope_is_refused():
     torch.manual_seed(0)
     config = transformers.LlamaConfig(

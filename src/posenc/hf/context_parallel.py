@@ -9,8 +9,9 @@ ring. Every mask is made by the ring from global indices, never by the model: a 
 replaces each layer's mask with plain causal attention: accelerate#4177), and attention sinks (GPT-OSS's
 ``s_aux``) enter every row once.
 
-What it refuses before any work: a length-dependent RoPE (dynamic NTK: the model would take each rank's
-own last position as the length), a padding mask, logit soft-capping and attention dropout.
+What it refuses: before any work, a length-dependent RoPE (dynamic NTK: the model would take each rank's
+own last position as the length) and attention logit soft-capping (Gemma 2); at the call, a padding mask
+(pad with ``shard_indices(pad=True)`` instead) and attention dropout.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def context_parallel(model, group=None) -> ContextParallel:
     layers = attention_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no attention layers posenc recognises")
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise ValueError(
+            f"this model soft-caps its attention logits (attn_logit_softcapping="
+            f"{config.attn_logit_softcapping}); context parallelism does not apply soft-capping"
+        )
     if _length_dependent_rope(model):
         raise ValueError(
             "this model's RoPE depends on the sequence length (dynamic scaling): each rank would take its "
