@@ -32,6 +32,7 @@ TERMS = (
     "string",
     "dual-chunk",
     "fox",
+    "banded",
 )
 REMAPS = {
     "selfextend": lambda: posenc.SelfExtend(3, 4),
@@ -58,6 +59,7 @@ class Case:
     cu_seqlens: torch.Tensor | None = None
     params: list = field(default_factory=list)
     gates: torch.Tensor | None = None  # FoX's log forget gates of the whole sequence (batch, heads, length)
+    rel: tuple | None = None  # the banded bias's r (batch, heads, length, d_rel) and P (d_rel, extent)
 
     def reference(self) -> torch.Tensor:
         """posenc.attention on the whole sequence with the same term."""
@@ -65,6 +67,8 @@ class Case:
         rotary, bias = o.get("rotary"), o.get("bias")
         if self.gates is not None:
             bias = posenc.ForgetBias(self.gates)
+        if self.rel is not None:
+            bias = posenc.BandedBias(*self.rel)
         mask = _allowed(self)
         if mask is None:
             return posenc.attention(
@@ -95,6 +99,8 @@ class Case:
             kw["document_ids"] = shard(self.documents, indices, fill=-1)
         if self.gates is not None:  # each rank's gates: its own tokens'
             kw["bias"] = posenc.ForgetBias(shard(self.gates, indices))
+        if self.rel is not None:  # each rank's r, one shared table
+            kw["bias"] = posenc.BandedBias(shard(self.rel[0], indices, dim=2), self.rel[1])
         return kw
 
     def indices(self, world: int, rank: int, layout: str) -> torch.Tensor:
@@ -173,7 +179,11 @@ def make_case(
         gates = torch.nn.functional.logsigmoid(torch.randn(2, heads, length, generator=gen, dtype=dtype) + 2)
         case.gates = gates.requires_grad_(True)
         case.params = [case.gates]
-    if term in ("sinks", "fox", *REMAPS) and not causal:
+    if term == "banded":  # Inkling's banded bias over the last 5 keys, no other position term
+        rel = torch.randn(2, heads, length, 3, generator=gen, dtype=dtype).requires_grad_(True)
+        table = torch.randn(3, 5, generator=gen, dtype=dtype).requires_grad_(True)
+        case.rel, case.params = (rel, table), [rel, table]
+    if term in ("sinks", "fox", "banded", *REMAPS) and not causal:
         options["causal"] = case.causal = True  # sinks and remaps are causal only, as posenc.attention's
     return case
 

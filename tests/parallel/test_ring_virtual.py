@@ -17,7 +17,8 @@ def _virtual(case, world, layout):
     indices = [case.indices(world, r, layout) for r in range(world)]
     per_rank = [case.shard_kwargs(i) for i in indices]
     kwargs = dict(per_rank[0])
-    for key in ("positions", "document_ids", *(("bias",) if case.gates is not None else ())):
+    per_rank_bias = case.gates is not None or case.rel is not None
+    for key in ("positions", "document_ids", *(("bias",) if per_rank_bias else ())):
         if key in kwargs:
             kwargs[key] = [kw[key] for kw in per_rank]
     outs = virtual_ring_attention(
@@ -111,7 +112,10 @@ def _shards(n=8, world=2):
             "is causal, without a bias",
         ),
         ({"remap": "rerope", "rotary": posenc.RotaryEmbedding(4)}, "remap must be a posenc.remap.Remap"),
-        ({"bias": torch.zeros(2, 8, 8)}, "the other content biases .* and bias tensors are not supported"),
+        (
+            {"bias": torch.zeros(2, 8, 8)},
+            "Shaw's and CoPE's content biases and bias tensors are not supported",
+        ),
         ({"window": 0}, "window must be an integer >= 1"),
         ({"rotary": "rope"}, "rotary must be a posenc rotary embedding"),
         ({"sinks": torch.zeros(3)}, r"sinks must be a tensor of shape \(heads,\) = \(2,\)"),

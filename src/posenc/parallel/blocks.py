@@ -26,7 +26,7 @@ import torch
 
 from ..kernels.blocked_common import flash, flash_bwd
 
-__all__ = ["Keys", "Queries", "Rule", "block_backward", "block_forward", "merge"]
+__all__ = ["Keys", "Queries", "Rule", "banded_term", "block_backward", "block_forward", "merge"]
 
 # Scores held at once per chunk of query rows (batch x heads x rows x keys).
 _CHUNK_SCORES = 1 << 22
@@ -42,14 +42,16 @@ _MAX_RUNS = 8
 @dataclass
 class Queries:
     """A rank's queries: q (B, H, m, D) rotated, in the work dtype; their global ``index`` (m,) (-1 = pad),
-    ``position`` (m,) for the bias, ``document`` (m,) ids or None, and ``term`` (B, H, m) float64 or None:
-    a per-token score term, query i and key j adding term_i - term_j (FoX's cumulative log forget gates)."""
+    ``position`` (m,) for the bias, ``document`` (m,) ids or None, ``term`` (B, H, m) float64 or None: a
+    per-token score term, query i and key j adding term_i - term_j (FoX's cumulative log forget gates), and
+    ``rel`` (B, H, m, d_rel) or None: the banded bias's r, query i and key j adding r_i . P[:, i - j]."""
 
     q: torch.Tensor
     index: torch.Tensor
     position: torch.Tensor
     document: torch.Tensor | None
     term: torch.Tensor | None = None
+    rel: torch.Tensor | None = None  # Inkling's r (B, H, m, d_rel) of the banded bias
 
 
 @dataclass
@@ -75,6 +77,12 @@ class Rule:
     scale: float
     bands: tuple | None = None  # a remap's views: q and k hold one rotation per view side by side
     decay: bool = False  # per-token terms: query i and key j add term_i - term_j (FoX)
+    table: torch.Tensor | None = None  # the banded bias's P (d_rel, extent): r_i . P[:, i - j] in the band
+
+    @property
+    def content(self) -> bool:
+        """Whether a term reads the queries' content (FoX's gates, the banded bias's r): own arithmetic."""
+        return self.decay or self.table is not None
 
     def flash(self, q: torch.Tensor, v: torch.Tensor) -> bool:
         """Whether blocks run on torch's CPU flash kernel (scores never materialised): on the CPU, values as
@@ -82,7 +90,7 @@ class Rule:
         their gradient from the scores."""
         trained = self.bias is not None and any(p.requires_grad for p in self.bias.parameters())
         cpu = q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
-        return cpu and self.bands is None and not trained and not self.decay
+        return cpu and self.bands is None and not trained and not self.content
 
     def allowed(self, qi, ki, qd, kd) -> torch.Tensor:
         """(rows, n) True where query index qi may see key index ki."""
@@ -134,7 +142,18 @@ def _views(t, n: int):
     return [t[..., v * width : (v + 1) * width] for v in range(n)]
 
 
-def _scores(rule: Rule, q, k, ok, qp, kp, dtype, qt=None, kt=None) -> torch.Tensor:
+def banded_term(rel, table, qp, kp) -> torch.Tensor:
+    """(B, H, rows, cols): r_i . P[:, i - j] where 0 <= i - j < extent, else 0 (Inkling's banded bias at
+    global positions); differentiable in r (B, H, rows, d_rel) and P (d_rel, extent)."""
+    extent = table.shape[1]
+    d = qp[:, None] - kp[None, :]
+    inside = (d >= 0) & (d < extent)
+    profiles = torch.matmul(rel, table.to(rel.dtype))  # (B, H, rows, extent)
+    index = d.clamp(0, extent - 1).expand(*profiles.shape[:2], *d.shape)
+    return torch.gather(profiles, -1, index) * inside
+
+
+def _scores(rule: Rule, q, k, ok, qp, kp, dtype, qt=None, kt=None, rel=None) -> torch.Tensor:
     """(B, H, rows, cols) scores with the bias added and disallowed pairs at -inf; with a remap's views,
     each pair scored by the view whose band holds its distance; with per-token terms qt (B, H, rows) and
     kt (B, H, cols), qt_i - kt_j added, the difference taken in float64 and rounded once."""
@@ -149,6 +168,8 @@ def _scores(rule: Rule, q, k, ok, qp, kp, dtype, qt=None, kt=None) -> torch.Tens
         s = s + rule.bias.tile(qp, kp).to(dtype)
     if qt is not None:
         s = s + (qt[..., :, None] - kt[..., None, :]).to(dtype)
+    if rel is not None:
+        s = s + banded_term(rel, rule.table, qp, kp).to(dtype)
     return s.masked_fill(~ok, -math.inf)
 
 
@@ -242,7 +263,8 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
             out[:, :, rows], lse[:, :, rows] = o, chunk_lse
             continue
         qt = None if queries.term is None else queries.term[:, :, rows]
-        s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype, qt, kt)
+        rel = None if queries.rel is None else queries.rel[:, :, rows]
+        s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype, qt, kt, rel)
         chunk_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _finite(chunk_lse)[..., None])
         out[:, :, rows] = _grouped_pv(p, v)
@@ -364,9 +386,11 @@ def block_backward(
     grads,
     out=None,
     terms=None,
+    rels=None,
 ):
     """Adds this block's gradients into dq (B, H, m, D), dk, dv (B, Hk, n, .), the bias parameters'
-    ``grads`` and, with per-token terms, ``terms`` = (d query terms (B, H, m), d key terms (B, H, n)).
+    ``grads`` and, with per-token terms, ``terms`` = (d query terms (B, H, m), d key terms (B, H, n)); with
+    the banded bias, ``rels`` = (d r (B, H, m, d_rel),) and P's gradient into ``grads[0]``.
     ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out`` the final
     output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's backward, which
     forms rowsum(dout * out) itself, may run the block."""
@@ -388,7 +412,8 @@ def block_backward(
             _add_columns(dk, dv, dk_b, dv_b, cols)
             continue
         qt = None if queries.term is None else queries.term[:, :, rows]
-        s = _scores(rule, q, k, ok, qp, kp, dtype, qt, kt)
+        rel = None if queries.rel is None else queries.rel[:, :, rows]
+        s = _scores(rule, q, k, ok, qp, kp, dtype, qt, kt, rel)
         p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
         do = dout[:, :, rows]
         r = q.shape[2]
@@ -402,7 +427,9 @@ def block_backward(
             dqt, dkt = terms
             dqt[:, :, rows] += ds.sum(-1).to(dqt.dtype)
             _add_columns(dkt, None, -ds.sum(-2).to(dkt.dtype), None, cols)
-        if params:
+        if rel is not None:
+            _banded_gradients(rule, rel, qp, kp, ds, rels[0][:, :, rows], params, grads)
+        elif params:
             _bias_gradients(rule, qp, kp, ds, params, grads)
 
 
@@ -444,6 +471,16 @@ def _qk_gradients(rule: Rule, ds, q, k, qp, kp):
         dq_v.append(_grouped_dq(ds_v, kv))
         dk_v.append(_grouped_dk(ds_v, qv, hk))
     return rule.scale * torch.cat(dq_v, dim=-1), rule.scale * torch.cat(dk_v, dim=-1)
+
+
+def _banded_gradients(rule: Rule, rel, qp, kp, ds, d_rel, params, grads) -> None:
+    """Adds a chunk's gradients of r (into ``d_rel``) and of P (``params[0]``, into ``grads[0]``)."""
+    with torch.enable_grad():
+        r = rel.detach().requires_grad_(True)
+        term = banded_term(r, params[0], qp, kp)
+        g_r, g_table = torch.autograd.grad(term, (r, params[0]), ds.to(term.dtype))
+    d_rel += g_r.to(d_rel.dtype)
+    grads[0] += g_table
 
 
 def _bias_gradients(rule: Rule, qp, kp, ds, params, grads) -> None:

@@ -22,6 +22,7 @@ import math
 import torch
 
 from .. import _checks
+from ..bias.banded import BandedBias
 from ..bias.base import ScoreBias
 from ..bias.forget import ForgetBias
 from ..rope.protocol import is_rotary
@@ -155,6 +156,17 @@ def _keys_from(parcel, documents: bool, terms: bool) -> Keys:
     return Keys(k, v, index, position, doc if documents else None, term if terms else None)
 
 
+def _content_inputs(rule: Rule, rest, n: int):
+    """(FoX's terms, the banded bias's r, the parameters) from the inputs after q, k, v: one term and one r
+    per local rank where the rule has them, else None each."""
+    rest = list(rest)
+    terms = rest[:n] if rule.decay else [None] * n
+    rest = rest[n:] if rule.decay else rest
+    rels = rest[:n] if rule.table is not None else [None] * n
+    rest = rest[n:] if rule.table is not None else rest
+    return terms, rels, rest
+
+
 class _RingFunction(torch.autograd.Function):
     """Outputs and log-sum-exps of every local rank's queries over the whole ring; inputs are the local
     ranks' q, k, v (rotated, work dtype) and the bias's trained parameters."""
@@ -162,9 +174,8 @@ class _RingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ring, rule, meta, n_local, n_params, *tensors):
         qs, ks, vs = tensors[:n_local], tensors[n_local : 2 * n_local], tensors[2 * n_local : 3 * n_local]
-        n_terms = n_local if rule.decay else 0
-        terms = tensors[3 * n_local : 3 * n_local + n_terms] if n_terms else [None] * n_local
-        queries = [Queries(q, *m, t) for q, m, t in zip(qs, meta, terms, strict=True)]
+        terms, rels, _ = _content_inputs(rule, tensors[3 * n_local :], n_local)
+        queries = [Queries(q, *m, t, r) for q, m, t, r in zip(qs, meta, terms, rels, strict=True)]
         keys = [Keys(k, v, *m, t) for k, v, m, t in zip(ks, vs, meta, terms, strict=True)]
         documents = meta[0][2] is not None
         outs = [None] * n_local
@@ -190,13 +201,13 @@ class _RingFunction(torch.autograd.Function):
         ring, rule, meta, n = ctx.ring, ctx.rule, ctx.meta, ctx.n_local
         saved = ctx.saved_tensors
         qs, ks, vs = saved[:n], saved[n : 2 * n], saved[2 * n : 3 * n]
-        outs, lses, rest = saved[3 * n : 4 * n], saved[4 * n : 5 * n], saved[5 * n :]
-        terms = rest[:n] if rule.decay else [None] * n
-        params = rest[n:] if rule.decay else rest
+        outs, lses = saved[3 * n : 4 * n], saved[4 * n : 5 * n]
+        terms, rels, params = _content_inputs(rule, saved[5 * n :], n)
         douts = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, grads[:n], strict=True)]
         dlses = [torch.zeros_like(lse) if g is None else g for lse, g in zip(lses, grads[n:], strict=True)]
         documents = meta[0][2] is not None
-        queries = [Queries(q, *m, t) for q, m, t in zip(qs, meta, terms, strict=True)]
+        queries = [Queries(q, *m, t, r) for q, m, t, r in zip(qs, meta, terms, rels, strict=True)]
+        d_rels = [None if r is None else torch.zeros_like(r) for r in rels]
         deltas = [(do * o).sum(-1) - dl for do, o, dl in zip(douts, outs, dlses, strict=True)]
         dqs = [torch.zeros_like(q) for q in qs]
         param_grads = [torch.zeros_like(p) for p in params]
@@ -225,6 +236,7 @@ class _RingFunction(torch.autograd.Function):
                     param_grads,
                     out=None if grads[n + j] is not None else outs[j],  # dlse = 0: flash may run it
                     terms=None if dterms[j] is None else (dterms[j], travelling[j][2]),
+                    rels=None if d_rels[j] is None else (d_rels[j],),
                 )
             travelling = ring.start_shift(travelling).wait() if ring.world_size > 1 else travelling
             if pending is not None:
@@ -232,7 +244,8 @@ class _RingFunction(torch.autograd.Function):
         dks = [t[0] for t in travelling]
         dvs = [t[1] for t in travelling]
         d_terms = [dt + t[2] for dt, t in zip(dterms, travelling, strict=True)] if rule.decay else []
-        return (None, None, None, None, None, *dqs, *dks, *dvs, *d_terms, *param_grads)
+        d_rels = d_rels if rule.table is not None else []
+        return (None, None, None, None, None, *dqs, *dks, *dvs, *d_terms, *d_rels, *param_grads)
 
 
 def _check_shards(q, k, v, indices, name=""):
@@ -283,14 +296,14 @@ def _check_terms(bias, remap, rotary, window, causal, positions_1d: bool):
                 f"remap={remap!r} is causal, without a bias, at 1-D positions (the global indices); got "
                 f"causal={causal}, bias={type(bias).__name__}"
             )
-    if isinstance(bias, ForgetBias):
+    if isinstance(bias, (ForgetBias, BandedBias)):
         if not causal:
-            raise ValueError("a ForgetBias (FoX's decay) works with causal attention only, got causal=False")
+            raise ValueError(f"a {type(bias).__name__} works with causal attention only, got causal=False")
     elif bias is not None and not isinstance(bias, ScoreBias):
         raise ValueError(
             "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias), FoX's "
-            "ForgetBias or None; the other content biases (Shaw, CoPE, the banded bias) and bias tensors are "
-            f"not supported across ranks, got {type(bias).__name__}"
+            "ForgetBias, the banded bias (BandedBias) or None; Shaw's and CoPE's content biases and bias "
+            f"tensors are not supported across ranks, got {type(bias).__name__}"
         )
     if isinstance(bias, ScoreBias) and not positions_1d:
         raise ValueError("a score bias needs 1-D positions (its distances); got multi-axis positions")
@@ -347,10 +360,11 @@ def _remapped(ring, remap, rotary, qs, ks, positions):
 def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, window, scale, sinks, remap):
     biases = list(bias) if isinstance(bias, (list, tuple)) else [bias] * len(qs)
     if len(biases) != len(qs) or len({type(b) for b in biases}) > 1:
-        raise ValueError(f"bias must be one bias, or one ForgetBias per rank ({len(qs)}), got {bias!r}")
-    if isinstance(bias, (list, tuple)) and not isinstance(biases[0], ForgetBias):
+        raise ValueError(f"bias must be one bias, or one per rank ({len(qs)}) of one kind, got {bias!r}")
+    if isinstance(bias, (list, tuple)) and not isinstance(biases[0], (ForgetBias, BandedBias)):
         raise ValueError(
-            "one bias per rank is for FoX's ForgetBias (each rank's gates); give a score bias once"
+            "one bias per rank is for the biases made from each rank's tokens (ForgetBias, BandedBias); "
+            "give a score bias once"
         )
     bias = biases[0]
     positions = [ix.clamp(min=0) if p is None else p for ix, p in zip(indices, positions, strict=True)]
@@ -374,9 +388,11 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
     if bands is None:
         head_dim = qs[0].shape[-1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else _checks.scale(scale)
-    decay = isinstance(bias, ForgetBias)
+    decay, banded = isinstance(bias, ForgetBias), isinstance(bias, BandedBias)
     terms = _decay_terms(ring, [b.log_forget for b in biases], qs, indices) if decay else []
-    rule = Rule(causal, window, None if decay else bias, scale, bands, decay)
+    rels = _banded_states(biases, qs) if banded else []
+    table = bias.rel_table if banded else None
+    rule = Rule(causal, window, None if decay or banded else bias, scale, bands, decay, table)
     bias_positions = [
         p if p.dim() == 1 else ix.clamp(min=0) for p, ix in zip(positions, indices, strict=True)
     ]
@@ -385,14 +401,30 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
         for ix, bp, d in zip(indices, bias_positions, documents, strict=True)
     ]
     params = [] if rule.bias is None else [p for p in rule.bias.parameters() if p.requires_grad]
+    params = [table] if banded else params
     n = len(qs)
     results = _RingFunction.apply(
-        ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *terms, *params
+        ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *terms, *rels, *params
     )
     outs, lses = results[:n], results[n:]
     if sinks is not None:
         outs = [_with_sinks(o, lse, sinks) for o, lse in zip(outs, lses, strict=True)]
     return [o.to(dtype) for o in outs]
+
+
+def _banded_states(biases: list, qs: list) -> list:
+    """Each local rank's r (B, H, n, d_rel) of the banded bias, checked; every rank shares one table P."""
+    table = biases[0].rel_table
+    for b, q in zip(biases, qs, strict=True):
+        if b.rel_table is not table:
+            raise ValueError("every rank's BandedBias must share one rel_table (the layer's P)")
+        want = (*q.shape[:3], table.shape[0])
+        if not isinstance(b.rel_states, torch.Tensor) or tuple(b.rel_states.shape) != want:
+            raise ValueError(
+                f"a rank's BandedBias must hold r of its own tokens, (batch, heads, shard_len, d_rel) = "
+                f"{want}, got {tuple(getattr(b.rel_states, 'shape', ()))}"
+            )
+    return [b.rel_states for b in biases]
 
 
 def _decay_terms(ring, log_forgets: list, qs: list, indices: list) -> list:
@@ -475,7 +507,9 @@ def ring_attention(
             data-parallel training sums every parameter's over its data x context mesh). Or FoX's
             :class:`~posenc.ForgetBias` of this rank's tokens (its gate applied to the shard's hidden state,
             (batch, heads, n)): the gates are gathered, summed in global order (float64), and query i and
-            key j add sum_{l = j+1 .. i} log f_l; causal.
+            key j add sum_{l = j+1 .. i} log f_l; causal. Or Inkling's :class:`~posenc.BandedBias` of this
+            rank's r (batch, heads, n, d_rel) with the layer's table P: r_i . P[:, i - j] in the band;
+            causal; P's gradient is this rank's share.
         causal: a query sees keys at indices <= its own.
         window: a query sees keys at index distance < window (both sides when not causal).
         scale: score scale, default 1/sqrt(head_dim).
