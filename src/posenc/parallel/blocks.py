@@ -305,21 +305,15 @@ def _finite(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
 
 
-def _grouped_dq(ds, k):
-    """(B, H, rows, D): dS K, each query head against its kv head."""
-    b, h, rows, n = ds.shape
-    hk = k.shape[1]
-    return torch.einsum("bkgmn,bknd->bkgmd", ds.view(b, hk, h // hk, rows, n), k).reshape(b, h, rows, -1)
-
-
 def _grouped_dk(ds, q, hk: int):
-    """(B, Hk, cols, D): dS^T Q summed over each kv head's query heads."""
+    """(B, Hk, cols, D): dS^T Q summed over each kv head's query heads (also dV = P^T dO)."""
     b, h, rows, n = ds.shape
     g = h // hk
     return torch.einsum("bkgmn,bkgmd->bknd", ds.view(b, hk, g, rows, n), q.view(b, hk, g, rows, -1))
 
 
 def _grouped_pv(p, v):
+    """(B, H, rows, D): P V, each query head against its kv head (also dQ = dS K)."""
     b, h, rows, n = p.shape
     hk = v.shape[1]
     return torch.einsum("bkgmn,bknd->bkgmd", p.view(b, hk, h // hk, rows, n), v).reshape(b, h, rows, -1)
@@ -394,9 +388,7 @@ def block_backward(
     ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out`` the final
     output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's backward, which
     forms rowsum(dout * out) itself, may run the block."""
-    b, h, m, d = queries.q.shape
     hk = keys.k.shape[1]
-    g = h // hk
     dtype = queries.q.dtype
     pairs = _run_pairs(rule, queries, keys) if out is not None and rule.flash(queries.q, keys.v) else None
     if pairs is not None:
@@ -416,12 +408,11 @@ def block_backward(
         s = _scores(rule, q, k, ok, qp, kp, dtype, qt, kt, rel)
         p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
         do = dout[:, :, rows]
-        r = q.shape[2]
-        dp = torch.einsum("bkgmd,bknd->bkgmn", do.view(b, hk, g, r, -1), v).reshape(b, h, r, -1)
+        dp = _grouped_qk(do, v)
         ds = p * (dp - delta[:, :, rows, None])
         dq_b, dk_b = _qk_gradients(rule, ds, q, k, qp, kp)
         dq[:, :, rows] += dq_b
-        dv_b = torch.einsum("bkgmn,bkgmd->bknd", p.view(b, hk, g, r, -1), do.view(b, hk, g, r, -1))
+        dv_b = _grouped_dk(p, do, hk)
         _add_columns(dk, dv, dk_b, dv_b, cols)
         if terms is not None:  # d(term_i - term_j): +dS summed over a row, -dS over a column
             dqt, dkt = terms
@@ -463,12 +454,12 @@ def _qk_gradients(rule: Rule, ds, q, k, qp, kp):
     """(dq, dk) of a chunk from its score gradients dS; with a remap's views, each view's share of dS."""
     hk = k.shape[1]
     if rule.bands is None:
-        return rule.scale * _grouped_dq(ds, k), rule.scale * _grouped_dk(ds, q, hk)
+        return rule.scale * _grouped_pv(ds, k), rule.scale * _grouped_dk(ds, q, hk)
     n = len(rule.bands)
     dq_v, dk_v = [], []
     for qv, kv, band in zip(_views(q, n), _views(k, n), _view_masks(rule, qp, kp), strict=True):
         ds_v = ds * band
-        dq_v.append(_grouped_dq(ds_v, kv))
+        dq_v.append(_grouped_pv(ds_v, kv))
         dk_v.append(_grouped_dk(ds_v, qv, hk))
     return rule.scale * torch.cat(dq_v, dim=-1), rule.scale * torch.cat(dk_v, dim=-1)
 
