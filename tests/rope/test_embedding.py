@@ -13,6 +13,7 @@ from posenc import RotaryEmbedding
 from posenc import reference as R
 from posenc.kernels import dispatch
 from posenc.rope.table import CACHE_LIMIT
+from tests.paths import torch_kernels
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -167,7 +168,8 @@ def test_small_tensor_path_equals_the_fused_path_and_the_reference(
     gen = torch.Generator().manual_seed(q_len * 31 + offset)
     q = torch.randn(2, heads[0], q_len, 16, generator=gen).to(dtype)
     k = torch.randn(2, heads[1], q_len + extra_k, 16, generator=gen).to(dtype)
-    small = rope(q, k, offset=offset)
+    with torch_kernels():  # the small path is the torch one the compiled op would replace
+        small = rope(q, k, offset=offset)
     with _no_small_path():
         fused = rope(q, k, offset=offset)
     for a, b in zip(small, fused, strict=True):
@@ -184,7 +186,8 @@ def test_small_tensor_path_gradients_and_double_backward(layout):
     rope = RotaryEmbedding(8, layout=layout)
     q = torch.randn(1, 2, 3, 8, dtype=torch.float32, requires_grad=True)
     k = torch.randn(1, 1, 3, 8, dtype=torch.float32, requires_grad=True)
-    qo, ko = rope(q, k, offset=5)
+    with torch_kernels():
+        qo, ko = rope(q, k, offset=5)
     assert "Rotary" not in type(qo.grad_fn).__name__  # the small path, not the autograd Function
     (qo * ko.expand_as(qo)).sum().backward()
     # <R q, R k> = <q, k> at shared positions: the gradient w.r.t. q is k
@@ -241,10 +244,14 @@ def test_a_strided_last_dimension_rotates_like_its_contiguous_copy(layout, seq):
     rope = RotaryEmbedding(64, layout=layout)
     wide = torch.randn(1, 2, seq, 128)
     strided = wide[..., ::2]
-    got = rope(strided, strided)
-    want = rope(strided.contiguous(), strided.contiguous())
+    with torch_kernels():
+        got = rope(strided, strided)
+        want = rope(strided.contiguous(), strided.contiguous())
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+    # by default the contiguous copy may take the compiled op: its float32 rounding may differ in the last bit
+    for g, w in zip(got, rope(strided.contiguous(), strided.contiguous()), strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])

@@ -10,6 +10,9 @@ path      when                                                                  
 EAGER     torch.compile / torch.export is tracing; a backward pass that itself        ``rotate_eager``: plain
           records a graph (double backward); tables that require grad (learnable      differentiable ops
           frequencies)
+NATIVE    CPU tensors with a unit last stride, one dtype of float32/float64/bfloat16/  ``native.rotary``: one
+          float16, posenc's compiled op built (``make install``), not under Triton's  C++ pass for q and k
+          interpreter
 SMALL     the caller offers decode rows (a static schedule, consecutive positions,    ``rotate_small``: one
           every dimension rotated), on the CPU, q and k together at most              to three ops
           ``SMALL_ELEMENTS``, one dtype, not float64
@@ -20,10 +23,11 @@ WHOLE     out of place, float32/float64                                         
 BLOCKED   anything else: in place, bfloat16/float16                                   ``rotate_blocked``
 ========  ==========================================================================  =======================
 
-Out of place, TRITON, COMPLEX, WHOLE and BLOCKED run inside :class:`~.rotary_function.RotaryFunction`,
+Out of place, NATIVE, TRITON, COMPLEX, WHOLE and BLOCKED run inside :class:`~.rotary_function.RotaryFunction`,
 whose backward rotates the gradients by -theta on the path :func:`choose_path` picks for them (their strides
-are not the inputs'). EAGER and SMALL are differentiable as they are. Nothing here compiles at import or on
-a first call (docs/fast-paths.md has the measurements behind each path and threshold).
+are not the inputs'), when autograd could need one; EAGER and SMALL are differentiable as they are. Nothing
+here compiles at import or on a first call: the NATIVE op is built by ``make install`` or not used
+(docs/fast-paths.md has the measurements behind each path and threshold).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from itertools import repeat
 import torch
 
 from .. import _checks
+from . import native
 from .memory import empty_output
 from .rotary_function import RotaryFunction
 from .rotary_torch import (
@@ -68,6 +73,7 @@ class Path(enum.Enum):
     """A rotation kernel; see the module's table for when each is chosen."""
 
     EAGER = "eager"
+    NATIVE = "native"
     SMALL = "small"
     TRITON = "triton"
     COMPLEX = "complex"
@@ -99,6 +105,8 @@ def choose_path(
     if (conjugate or (cos is not None and cos.requires_grad)) and torch.is_grad_enabled():
         return Path.EAGER
     first, last = xs[0], xs[-1]  # one tensor, or q and k
+    if _native_fits(xs, cos) and not uses_triton(xs):  # the Triton interpreter takes CPU tensors too
+        return Path.NATIVE
     if (
         rows
         and first.dtype == last.dtype != torch.float64
@@ -109,6 +117,20 @@ def choose_path(
     if uses_triton(xs) and all(_triton_table(x, cos) for x in xs):
         return Path.TRITON
     return _torch_path(xs, layout, inplace)
+
+
+_NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _native_fits(xs, cos: torch.Tensor | None) -> bool:
+    """The NATIVE row: CPU tensors of one supported dtype, unit last stride, 2-8 dimensions, op loaded."""
+    dtype = xs[0].dtype
+    for x in xs:
+        if x.device.type != "cpu" or x.dtype != dtype or x.stride(-1) != 1 or not 2 <= x.dim() <= 8:
+            return False
+    if dtype not in _NATIVE_DTYPES or (cos is not None and cos.device.type != "cpu"):
+        return False
+    return native.available()
 
 
 def _torch_path(xs, layout: str, inplace: bool) -> Path:
@@ -144,8 +166,8 @@ def run(
         return (first,) if len(xs) == 1 else (first, rotate_small(xs[1], rows[1], layout, inplace))
     if path is Path.EAGER:
         outs = tuple(map(rotate_eager, xs, repeat(cos), repeat(sin), repeat(layout)))
-    elif inplace:
-        return _rotation(path, cos, sin, layout, xs, inplace=True)
+    elif inplace or not (torch.is_grad_enabled() and any(x.requires_grad for x in xs)):
+        return _rotation(path, cos, sin, layout, xs, inplace=inplace)  # no graph to record: no Function
     else:
         return RotaryFunction.apply(functools.partial(_rotation, path, cos, sin, layout), *xs)
     # in place under a tracer, the result is copied back: the only in-place form a graph can hold
@@ -162,6 +184,8 @@ def _rotation(path: Path, cos, sin, layout: str, xs, conjugate: bool = False, in
             return tuple(map(rotate_eager, xs, repeat(cos), repeat(-sin), repeat(layout)))
     if path is Path.TRITON:
         return _run_triton(xs, cos, sin, layout, conjugate, inplace)
+    if path is Path.NATIVE:
+        return _run_native(xs, cos, sin, layout, conjugate, inplace)
     kernel = _CPU_KERNELS[path]
     outs = []
     for x in xs:
@@ -181,6 +205,14 @@ def rotate_into(x, cos, sin, out, layout: str = "interleaved", conjugate: bool =
 
 
 _CPU_KERNELS = {Path.COMPLEX: rotate_complex, Path.WHOLE: rotate_whole, Path.BLOCKED: rotate_blocked}
+
+
+def _run_native(xs, cos, sin, layout: str, conjugate: bool, inplace: bool):
+    """One call of the compiled op for every tensor of xs; tables in the work dtype, on the CPU."""
+    work = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
+    outs = xs if inplace else tuple(map(empty_output, xs))
+    native.rotary(xs, outs, cos.to(work), sin.to(work), layout == "interleaved", conjugate)
+    return tuple(outs)
 
 
 def check_inplace(xs) -> None:

@@ -1,0 +1,87 @@
+"""posenc's compiled CPU op: RoPE in one vectorised pass (``rotary_cpu.cpp``), built by ``make install``.
+
+:func:`available` says whether ``torch.ops.posenc.rotary`` can run in this process. The library is loaded
+on the first call that could use it, never compiled here: ``python -m posenc.kernels.native.build`` (run by
+``make install``) compiles it against the installed torch. A library built for another torch or another
+version of the source is not loaded (the op is bound to torch's C++ ABI); posenc then runs its torch kernels
+and says once, as a warning, how to build. ``POSENC_DISABLE_NATIVE=1`` turns the op off (the test suite
+runs the rotary tests both ways).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+
+import torch
+
+__all__ = ["available", "rotary", "status", "why_not_loadable"]
+
+_HOW = "run `make install` in posenc's checkout, or `python -m posenc.kernels.native.build`"
+
+
+def why_not_loadable() -> str | None:
+    """None when the built library matches this torch and this source, else why it cannot be used."""
+    from . import build
+
+    if not build.LIBRARY.exists():
+        return f"the compiled CPU op is not built ({_HOW})"
+    try:
+        record = json.loads(build.RECORD.read_text())
+    except (OSError, ValueError):
+        record = {}
+    stale = [key for key, value in build.expected_record().items() if record.get(key) != value]
+    if stale:
+        names = " and ".join("source" if key == "source_sha256" else key for key in stale)
+        return f"the compiled CPU op was built for another {names} ({_HOW} to rebuild it)"
+    return None
+
+
+@functools.cache
+def _load() -> str | None:
+    """Load the library once; None when it is loaded, else why not."""
+    from .build import LIBRARY
+
+    why = why_not_loadable()
+    if why is not None:
+        return why
+    try:
+        torch.ops.load_library(str(LIBRARY))
+    except (OSError, RuntimeError) as error:
+        return f"the compiled CPU op did not load ({error}); {_HOW}"
+    return None
+
+
+def status() -> str:
+    """One line: whether the op runs here, and if not, why."""
+    if os.environ.get("POSENC_DISABLE_NATIVE") == "1":
+        return "off (POSENC_DISABLE_NATIVE=1)"
+    why = _load()
+    return "loaded" if why is None else why
+
+
+def available() -> bool:
+    """Whether ``torch.ops.posenc.rotary`` runs in this process (built, current, not disabled)."""
+    if os.environ.get("POSENC_DISABLE_NATIVE") == "1":
+        return False
+    why = _load()
+    if why is not None:
+        _warn_once(why)
+    return why is None
+
+
+@functools.cache
+def _warn_once(why: str) -> None:
+    warnings.warn(f"posenc: {why}; RoPE on the CPU runs on torch ops meanwhile", stacklevel=4)
+
+
+def rotary(xs, outs, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool) -> None:
+    """Rotate every x of ``xs`` into the matching ``outs`` (x itself: in place) in one parallel region.
+
+    xs: CPU tensors (..., seq, head_dim) with a unit last stride, float32/float64/bfloat16/float16;
+    cos, sin: (..., seq, rotary_dim/2), float32 (float64 for float64 x), broadcastable against each x's
+    leading dimensions; ``conjugate`` rotates by -theta. Arithmetic float32 (float64), one rounding.
+    """
+    torch.ops.posenc.rotary(list(xs), list(outs), cos, sin, interleaved, conjugate)
