@@ -29,8 +29,8 @@ def test_settings_validation():
             {"encoding": "ropee"},
             "encoding='ropee' is not known; allowed: alibi, banded, cope, fire, fope, fox, "
             "gemma-local-global, kerple, learned, local, none, nope, p-rope, rope, rope-above-bound, "
-            "rope-below-bound, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, sinusoidal-random, smollm3, "
-            "swan, t5, xpos, or your own as 'package.module:function'",
+            "rope-below-bound, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, "
+            "sinusoidal-random, smollm3, swan, t5, xpos, or your own as 'package.module:function'",
         ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),
