@@ -89,7 +89,8 @@ from posenc.cli import main
         ),
         (
             ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--schemes", "alibi"],
-            "recipes ['pi', 'yarn', 'abf', 'pose', 'none'] apply to none of schemes=['alibi']",
+            "recipes ['pi', 'yarn', 'abf', 'pose', 'drope', 'drope-scaled', 'none'] apply to none of "
+            "schemes=['alibi']",
         ),
         (
             ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--recipes", "pi"]
