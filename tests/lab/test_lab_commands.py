@@ -14,7 +14,7 @@ from posenc.cli import main
     "argv, message",
     [
         (["train", "--encoding", "rope", "--out", "{tmp}/r", "--corpus", "{tmp}/nope"], "does not exist"),
-        (["compare", "--out", "{tmp}/c", "--schemes", "rope,nope", "--preset", "tiny"], "unknown ['nope']"),
+        (["compare", "--out", "{tmp}/c", "--schemes", "rope,ropee", "--preset", "tiny"], "unknown ['ropee']"),
         (["eval", "{tmp}/empty"], "no checkpoint at"),
         (["sample", "{tmp}/empty"], "no checkpoint at"),
         (
@@ -89,7 +89,8 @@ from posenc.cli import main
         ),
         (
             ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--schemes", "alibi"],
-            "recipes ['pi', 'yarn', 'abf', 'pose', 'none'] apply to none of schemes=['alibi']",
+            "recipes ['pi', 'yarn', 'abf', 'pose', 'drope', 'drope-scaled', 'none'] apply to none of "
+            "schemes=['alibi']",
         ),
         (
             ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--extend-steps", "2", "--recipes", "pi"]
@@ -112,8 +113,8 @@ def test_cli_errors_are_one_line_and_nonzero(argv, message, tmp_path, capsys):
 
 
 def test_cli_rejects_unknown_encoding_and_bad_lengths(capsys):
-    assert main(["train", "--encoding", "nope", "--out", "x"]) == 2
-    assert "encoding='nope' is not known" in capsys.readouterr().err
+    assert main(["train", "--encoding", "ropee", "--out", "x"]) == 2
+    assert "encoding='ropee' is not known" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "x", "--lens", "64,-1"])
     assert "expected positive integers" in capsys.readouterr().err

@@ -14,8 +14,8 @@ from posenc.lab.errors import LabError
 def test_settings_validation():
     with pytest.raises(LabError, match="preset='huge' is not known; allowed: tiny, quick, standard, gpu"):
         settings_for("huge")
-    with pytest.raises(LabError, match=r"unknown \['nope'\]"):
-        Settings(schemes=("rope", "nope"))
+    with pytest.raises(LabError, match=r"unknown \['ropee'\]"):
+        Settings(schemes=("rope", "ropee"))
     with pytest.raises(LabError, match=r"unknown \['rerope'\]; allowed: pi, ntk, dynamic, yarn"):
         Settings(extensions=("pi", "rerope"))
     assert settings_for("quick", steps=None).steps == PRESETS["quick"].steps
@@ -26,10 +26,11 @@ def test_settings_validation():
     "kw, match",
     [
         (
-            {"encoding": "nope"},
-            "encoding='nope' is not known; allowed: alibi, banded, cope, fire, fope, fox, kerple, learned, "
-            "none, rope, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, sinusoidal-random, "
-            "t5, xpos, or your own as 'package.module:function'",
+            {"encoding": "ropee"},
+            "encoding='ropee' is not known; allowed: alibi, banded, cope, fire, fope, fox, "
+            "gemma-local-global, kerple, learned, local, none, nope, p-rope, rope, rope-above-bound, "
+            "rope-below-bound, rope-random, rope-sinks, rope-ssmax, sandwich, shaw, sinusoidal, "
+            "sinusoidal-random, smollm3, swan, t5, xpos, or your own as 'package.module:function'",
         ),
         ({"encoding": "rope", "d_model": 30, "n_head": 4}, "d_model=30 must be a multiple of n_head=4"),
         ({"encoding": "rope", "n_layer": 0}, "n_layer=0"),

@@ -176,7 +176,7 @@ def _add_train(subparsers) -> None:
     add_flags(p, GPTConfig, ["encoding"], required=["encoding"])
     add_flags(p, TrainOptions, ["out"])
     add_flags(p.add_argument_group("data and device"), DataOptions)
-    add_flags(p.add_argument_group("model"), GPTConfig, ["max_len", "n_layer", "n_head", "d_model"])
+    add_flags(p.add_argument_group("model"), GPTConfig, ["max_len", "n_layer", "n_head", "d_model", "layers"])
     add_flags(p.add_argument_group("training"), TrainConfig)
     add_flags(p.add_argument_group("the run"), TrainOptions, [n for n in _names(TrainOptions) if n != "out"])
     p.set_defaults(func=cmd_train)

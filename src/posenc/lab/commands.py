@@ -170,13 +170,13 @@ def _print_tables(dict_rows: list[dict], n: list[int], L: int, *, gain: bool) ->
 def _passkey(model, args, exts: tuple[str, ...], val) -> dict:
     """Passkey accuracy at ``--passkey-lens`` with its 95% Wilson interval, plain and with each extension
     that applies; printed and returned as ``{method: {"<len>": {"accuracy", "hits", "trials", "ci95"}}}``."""
-    from posenc.lab.encodings import extensions_for
+    from posenc.lab.encodings import model_extensions
     from posenc.lab.passkey import passkey_report
 
     report = passkey_report(
         model,
         args.passkey_lens,
-        [None, *extensions_for(model.cfg.encoding, exts)],
+        [None, *model_extensions(model.cfg, exts)],
         trials=args.passkey_trials,
         filler=val if args.passkey_filler == "corpus" else None,
         digits=args.passkey_digits,

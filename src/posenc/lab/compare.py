@@ -53,6 +53,7 @@ from posenc.lab.config import Settings
 from posenc.lab.data import load_corpus
 from posenc.lab.encodings import extensions_for
 from posenc.lab.evaluate import perplexities
+from posenc.lab.layers import build, plan_of
 from posenc.lab.measures import MEASURE_NAMES
 from posenc.lab.progress import CompareProgress, InlineQueue
 from posenc.lab.provenance import provenance
@@ -278,6 +279,19 @@ def _display(settings: Settings, order: list[Task], progress: bool) -> ComparePr
     return CompareProgress(total, labels + recipes, enabled=progress)
 
 
+def _layer_plans(s: Settings) -> dict:
+    """Each model's per-layer plan (each block's kind and options, :mod:`posenc.lab.layers`) by row name,
+    for the schemes and recipes that have one; the others attend alike in every layer."""
+    plans = {}
+    for scheme in s.schemes:
+        for recipe in [None, *s.recipes_for(scheme)]:
+            cfg = s.recipe_configs(scheme, s.seed, recipe, "")[0] if recipe else s.model_config(scheme)
+            plan = plan_of(build(cfg))
+            if plan is not None:
+                plans[Task(scheme, s.seed, recipe=recipe).name] = plan
+    return plans
+
+
 def _val_tokens_needed(s: Settings) -> int:
     """Validation tokens the protocols need: the longest window, and for the sliding protocol at least one
     stride after it (it scores the tokens after the longest length, so that every length scores them)."""
@@ -324,7 +338,7 @@ def run_compare(
         min_train_tokens=settings.train_len * settings.batch_size + 2,
         min_val_tokens=_val_tokens_needed(settings),
     )
-    record = provenance(settings.to_json(), data, device)
+    record = {**provenance(settings.to_json(), data, device), "layers": _layer_plans(settings)}
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
     display = _display(settings, order, progress)

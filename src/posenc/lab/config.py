@@ -41,6 +41,16 @@ def _encoding_help() -> str:
     return f"the positional encoding: one of {', '.join(registered_names())}, or package.module:function"
 
 
+def _layers_help() -> str:
+    kinds = ", ".join(sorted(n for n, s in ENCODINGS.items() if s.options))
+    return (
+        "a positional encoding per layer (posenc.lab.layers), e.g. 'rope,rope,rope,nope', 'every:4=nope' "
+        f"(the others --encoding), 'local:16*3,rope:base=1e6'; kinds with options: {kinds}; any scheme "
+        "that only changes attention (rope, none, nope, alibi, ...) is a kind (default: --encoding in every "
+        "layer)"
+    )
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """Everything needed to rebuild a model; saved as JSON next to its weights.
@@ -60,6 +70,7 @@ class GPTConfig:
     rope_base: float = D.ROPE_BASE
     rope_scaling: dict | None = None  # set by an extension recipe (posenc.lab.recipes)
     pose_len: int | None = None  # PoSE's target length, set by the "pose" recipe
+    layers: str | None = option(None, help=lambda: _layers_help())
 
     def __post_init__(self):
         scheme = lookup(self.encoding)
@@ -77,6 +88,8 @@ class GPTConfig:
         if self.pose_len is not None:
             check_int("pose_len", self.pose_len, minimum=self.max_len)
         scheme.check(self)  # a scheme that pairs dimensions needs an even size
+        if self.layers is not None:
+            build(self)  # a plan that does not parse or names a kind that cannot be a layer, refused now
 
     @property
     def head_dim(self) -> int:

@@ -28,8 +28,10 @@ def check_context_parallel(enc: Encoding, scheme: str) -> None:
     why = None
     if enc.hidden_terms is not None or enc.layer_bias is not None:
         why = "its position terms read the hidden state of every earlier token (a content bias)"
-    elif enc.window is not None:
-        why = "its blockwise window is materialised over the whole sequence"
+    elif enc.window is not None or enc.sliding is not None:
+        why = "its window is materialised over the whole sequence"
+    elif enc.layers is not None:
+        why = "its layers attend differently (a per-layer plan), which the ring does not take yet"
     elif enc.random_positions is not None or enc.train_positions is not None:
         why = "its training positions are drawn per forward pass over the whole sequence"
     if why is not None:

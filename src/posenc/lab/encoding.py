@@ -18,7 +18,15 @@ from posenc.bias.base import ScoreBias
 from posenc.lab.checks import check_number
 from posenc.lab.errors import LabError
 
-__all__ = ["Encoding", "KeyTerm", "QueryScale", "QueryTerm", "floored_log_length"]
+__all__ = [
+    "Encoding",
+    "KeyTerm",
+    "Layer",
+    "QueryScale",
+    "QueryTerm",
+    "floored_log_length",
+    "sliding_causal_mask",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,12 @@ class Encoding:
     window: blockwise causal attention (:func:`posenc.blockwise_causal_mask`): a query sees its own block
         of ``window`` positions and the previous one, on top of any bias; None: every earlier key.
     score_scale: multiplies every attention score (on top of 1/sqrt(head_dim)); 1.0: unchanged.
+    sliding: sliding-window attention (:func:`sliding_causal_mask`; Beltagy et al. 2020, Gemma's local
+        layers): a query sees itself and the ``sliding - 1`` keys before it; None: every earlier key.
+    layers: one :class:`Layer` per transformer block, whose encoding that block attends with (its rotary,
+        bias, sliding window, fixed query scale), for schemes whose layers differ (SWAN, Gemma's
+        local/global layers, SmolLM3's NoPE layers: :mod:`posenc.lab.layers`); this encoding then gives
+        only the input and the positions, and has no rotary or bias of its own. None: every layer this one.
     hidden_terms: position terms computed from the hidden state (FoX's forget gates, Lin et al. 2025,
         arxiv.org/abs/2503.02130): a function called once per layer that returns that layer's module ``m``
         (the model holds them as ``hidden_terms``). Every forward, each layer calls ``m(h, state)`` with
@@ -108,6 +122,8 @@ class Encoding:
     window: int | None = None
     score_scale: float = 1.0
     hidden_terms: Callable[[], nn.Module] | None = None
+    sliding: int | None = None
+    layers: tuple[Layer, ...] | None = None
 
     def narrowed(self, window: int) -> Encoding:
         """This encoding with blockwise causal attention of ``window`` (the narrower of two windows)."""
@@ -121,8 +137,9 @@ class Encoding:
         """The keyword arguments of :func:`posenc.attention` for one layer whose bias is ``bias``
         (``self.bias`` or the layer's own): the rotary, the bias with the window applied, the score scale."""
         out: dict = {"rotary": self.rotary, "bias": bias}
-        if self.window is not None:
-            out["bias"] = _windowed(bias, posenc.blockwise_causal_mask(q_len, k_len, self.window).to(device))
+        mask = self._mask(q_len, k_len, device)
+        if mask is not None:
+            out["bias"] = _windowed(bias, mask)
         if self.score_scale != 1.0:
             out["scale"] = self.score_scale / math.sqrt(head_dim)
         return out
@@ -130,9 +147,38 @@ class Encoding:
     def keys_seen(self, q_len: int, k_len: int, device) -> torch.Tensor:
         """(q_len,) how many keys each query sees: the queries are the last q_len of k_len positions, so
         k_len - q_len + 1 .. k_len under the causal mask, fewer under a window."""
-        if self.window is not None:
-            return posenc.blockwise_causal_mask(q_len, k_len, self.window, device=device).sum(-1)
+        mask = self._mask(q_len, k_len, device)
+        if mask is not None:
+            return mask.sum(-1)
         return torch.arange(k_len - q_len + 1, k_len + 1, device=device)
+
+    def _mask(self, q_len: int, k_len: int, device) -> torch.Tensor | None:
+        """(q_len, k_len) the keys the windows leave each query (both, when blockwise and sliding), or None
+        when there is no window."""
+        mask = None
+        if self.window is not None:
+            mask = posenc.blockwise_causal_mask(q_len, k_len, self.window, device=device)
+        if self.sliding is not None:
+            near = sliding_causal_mask(q_len, k_len, self.sliding, device=device)
+            mask = near if mask is None else mask & near
+        return mask
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One block's share of a per-layer plan: ``kind`` as the plan spells it with every option resolved
+    (``"local:window=16:base=10000.0"``, what provenance records) and the ``encoding`` it attends with."""
+
+    kind: str
+    encoding: Encoding
+
+
+def sliding_causal_mask(q_len: int, k_len: int, window: int, device=None) -> torch.Tensor:
+    """Boolean (q_len, k_len), True where a query may attend under sliding-window causal attention: the
+    queries are the last q_len of k_len positions, and query i sees the keys j with i - window < j <= i."""
+    i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    return (j <= i) & (j > i - window)
 
 
 def _windowed(bias, mask: torch.Tensor):

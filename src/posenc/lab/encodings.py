@@ -1,7 +1,5 @@
-"""The laboratory's positional encodings: one registry entry per scheme, owning every fact about it.
+"""The laboratory's built-in positional encodings, one registry entry each (:mod:`posenc.lab.registry`).
 
-A :class:`Scheme` is a name, a builder ``build(cfg) -> Encoding``, the names of the eval-time extensions
-that apply to it (functions of :mod:`posenc.lab.extensions`) and the size it pairs dimensions of, if any.
 Adding a scheme is one decorated function:
 
     @register_encoding("mine", extensions=("temp",))
@@ -9,120 +7,69 @@ Adding a scheme is one decorated function:
         return Encoding(input=..., rotary=..., bias=...)
 
 A researcher's own scheme needs no edit here: ``--schemes package.module:function`` (or
-``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`).
+``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`). The
+schemes whose layers differ (SWAN, Gemma's local/global, SmolLM3's NoPE layers, partial RoPE, RoPE at
+Men et al.'s base bound) and the layer kinds only a per-layer plan uses are in :mod:`posenc.lab.layered`.
 
 An :class:`~posenc.lab.encoding.Encoding` is everything the model reads about positions: an input
 encoding, a rotary, a score bias (shared or one per layer), randomized positions, attention sinks, a query
-scale per row (SSMax's s log n, :class:`~posenc.lab.encoding.QueryScale`), and two modifiers that
-extensions set and that combine with the rest: an attention window (blockwise causal attention) and a
-score scale. :func:`eval_extension` applies one of a scheme's extensions to a model for a block.
+scale per row (SSMax's s log n, :class:`~posenc.lab.encoding.QueryScale`), a sliding window, an encoding
+per layer, and two modifiers that extensions set and that combine with the rest: an attention window
+(blockwise causal attention) and a score scale. :func:`eval_extension` applies one of a scheme's
+extensions to a model for a block.
 
-This module imports nothing of the laboratory above :mod:`posenc.lab.extensions`, so
-:mod:`posenc.lab.config` can check an encoding name against :data:`ENCODINGS` without an import cycle.
+This module re-exports the registry's names (:data:`ENCODINGS`, :func:`register_encoding`,
+:func:`lookup`, ...) and the model's :func:`~posenc.lab.layers.build`, so that a scheme's author imports
+one module.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
 
 import torch
 
 import posenc
-from posenc.extension import MethodNames
+from posenc.lab import layered
 from posenc.lab.checks import check_choice
 from posenc.lab.encoding import Encoding, KeyTerm, QueryScale, QueryTerm, floored_log_length
 from posenc.lab.errors import LabError
 from posenc.lab.extensions import EXTENSIONS, ROPE_EXTENSIONS
+from posenc.lab.layers import build, rotary_dims
 from posenc.lab.recipes import RECIPES, pose_positions
+from posenc.lab.registry import (
+    ENCODINGS,
+    ModelShape,
+    Scheme,
+    extensions_for,
+    lookup,
+    model_extensions,
+    register_encoding,
+    registered_names,
+    schemes_with,
+)
 
-
-class ModelShape(Protocol):
-    """What a scheme's builder reads of the :class:`posenc.lab.config.GPTConfig` it gets (which this module
-    does not import: config imports this one to check encoding names): the encoding's name and the shape."""
-
-    encoding: str
-    n_head: int
-    d_model: int
-    max_len: int
-    rope_base: float
-
-    @property
-    def head_dim(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """One registry entry: everything the laboratory knows about a positional scheme.
-
-    name: what ``--schemes`` and ``GPTConfig.encoding`` call it.
-    build: ``build(cfg) -> Encoding``.
-    extensions: the eval-time extensions (names of :data:`posenc.lab.extensions.EXTENSIONS`) that apply.
-    pairs: the size the scheme pairs dimensions of, which must then be even: "head_dim" (rotations pair
-        the dimensions of a head), "d_model" (the sinusoidal table those of the model), or None.
-    recipes: the extensions by training (:data:`posenc.lab.recipes.RECIPES`) that apply; a scheme with
-        recipes reads ``cfg.rope_scaling`` and ``cfg.pose_len``.
-    """
-
-    name: str
-    build: Callable[[ModelShape], Encoding]
-    extensions: Sequence[str] = ()
-    pairs: str | None = None
-    recipes: tuple[str, ...] = ()
-
-    def __call__(self, cfg: ModelShape) -> Encoding:
-        return self.build(cfg)
-
-    def check(self, cfg: ModelShape) -> None:
-        """Refuse a config whose paired size is odd, naming the scheme and the sizes."""
-        if self.pairs == "head_dim" and cfg.head_dim % 2:
-            raise LabError(
-                f"encoding={self.name!r} needs an even head size: d_model={cfg.d_model} / "
-                f"n_head={cfg.n_head} = {cfg.head_dim} (rotary encodings rotate pairs of dimensions within "
-                f"each head)"
-            )
-        if self.pairs == "d_model" and cfg.d_model % 2:
-            raise LabError(
-                f"encoding={self.name!r} needs an even d_model, got {cfg.d_model} (each frequency fills "
-                f"a sin and a cos dimension)"
-            )
-        changed = [k for k in ("rope_scaling", "pose_len") if getattr(cfg, k, None) is not None]
-        if changed and not self.recipes:
-            raise LabError(
-                f"{', '.join(changed)} set for encoding={self.name!r}, which takes no extension recipe "
-                f"(those with recipes: {', '.join(n for n, s in ENCODINGS.items() if s.recipes)})"
-            )
-
-
-ENCODINGS: dict[str, Scheme] = {}
-
-
-def register_encoding(
-    name: str, *, extensions: tuple[str, ...] = (), pairs: str | None = None, recipes: tuple[str, ...] = ()
-):
-    """Decorator adding ``fn(cfg) -> Encoding`` to the registry as the :class:`Scheme` ``name``."""
-    if pairs not in (None, "head_dim", "d_model"):
-        raise LabError(f"pairs={pairs!r} is not known; allowed: None, 'head_dim', 'd_model'")
-    unknown = [e for e in extensions if e not in EXTENSIONS]
-    if unknown:
-        raise LabError(
-            f"extensions={list(extensions)!r}: unknown {unknown}; allowed: {', '.join(EXTENSIONS)}"
-        )
-
-    kept = extensions if isinstance(extensions, MethodNames) else tuple(extensions)  # a view stays live
-
-    def wrap(fn):
-        ENCODINGS[name] = Scheme(name, fn, kept, pairs, tuple(recipes))
-        return fn
-
-    return wrap
+__all__ = [
+    "BUILTIN",
+    "ENCODINGS",
+    "EXTENSIONS",
+    "Encoding",
+    "ModelShape",
+    "Scheme",
+    "build",
+    "eval_extension",
+    "expand_schemes",
+    "extensions_for",
+    "layered",
+    "lookup",
+    "model_extensions",
+    "register_encoding",
+    "registered_names",
+    "schemes_with",
+]
 
 
 @register_encoding("none", extensions=("temp",))
@@ -141,13 +88,22 @@ def _learned(cfg: ModelShape) -> Encoding:
     return Encoding(input=posenc.LearnedEmbedding(cfg.max_len, cfg.d_model))
 
 
-@register_encoding("rope", extensions=ROPE_EXTENSIONS, pairs="head_dim", recipes=tuple(RECIPES))
-def _rope(cfg: ModelShape) -> Encoding:
-    # a recipe's model (posenc.lab.recipes): scaled past the training length, PoSE's positions in training
+@register_encoding(
+    "rope",
+    extensions=ROPE_EXTENSIONS,
+    pairs="head_dim",
+    recipes=tuple(RECIPES),
+    options={"base": float, "frac": float},
+)
+def _rope(cfg: ModelShape, base: float | None = None, frac: float = 1.0) -> Encoding:
+    """RoPE (Su et al. 2021) at ``base`` (default the config's) on the first ``frac`` of each head's
+    dimensions, the rest left unrotated (partial RoPE, as GPT-NeoX's rotary_pct); a recipe's model
+    (posenc.lab.recipes) scaled past the training length, with PoSE's positions in training."""
     scaling = getattr(cfg, "rope_scaling", None)
     rotary = posenc.RotaryEmbedding(
         cfg.head_dim,
-        base=cfg.rope_base,
+        base=cfg.rope_base if base is None else base,
+        rotary_dim=rotary_dims(cfg.head_dim, frac),
         scaling=scaling,
         max_position_embeddings=cfg.max_len if scaling else None,
     )
@@ -285,60 +241,8 @@ def _sinusoidal_random(cfg: ModelShape) -> Encoding:
     )
 
 
-BUILTIN = tuple(ENCODINGS)  # the schemes above, in the order `--schemes all` runs them
-
-
-def registered_names() -> list[str]:
-    """The names registered with :func:`register_encoding`, sorted (not the imported user specs)."""
-    return sorted(n for n in ENCODINGS if ":" not in n)
-
-
-def lookup(name: str) -> Scheme:
-    """The scheme registered as ``name``. A ``"package.module:function"`` or ``"path/file.py:function"``
-    spec is imported and registered under that spec on first use, in every process that asks (compare's
-    workers included), so a researcher's scheme runs like the built-ins without editing posenc; it has no
-    eval-time extensions and no dimension rule."""
-    if name in ENCODINGS:
-        return ENCODINGS[name]
-    if not isinstance(name, str) or ":" not in name:
-        raise LabError(
-            f"encoding={name!r} is not known; allowed: {', '.join(registered_names())}, "
-            "or your own as 'package.module:function' / 'path/to/file.py:function'"
-        )
-    where, _, attr = name.rpartition(":")
-    try:
-        module = _import(where)
-    except (ImportError, OSError, SyntaxError) as err:
-        raise LabError(f"encoding={name!r}: cannot import {where!r}: {err}") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise LabError(f"encoding={name!r}: {where!r} has no function {attr!r} (fn(cfg) -> Encoding)")
-    ENCODINGS[name] = fn if isinstance(fn, Scheme) else Scheme(name, fn)
-    return ENCODINGS[name]
-
-
-def build(cfg: ModelShape) -> Encoding:
-    """The :class:`Encoding` of ``cfg.encoding`` for ``cfg``; a LabError naming the scheme when its builder
-    returns something else (a researcher's ``module:function`` returning a bare module, say)."""
-    enc = lookup(cfg.encoding)(cfg)
-    if not isinstance(enc, Encoding):
-        raise LabError(
-            f"encoding={cfg.encoding!r} built a {type(enc).__name__}, not a posenc.lab.encodings.Encoding: "
-            "its function must return Encoding(input=..., rotary=..., bias=...)"
-        )
-    return enc
-
-
-def _import(where: str):
-    if not where.endswith(".py"):
-        return importlib.import_module(where)
-    path = Path(where).resolve()
-    spec = importlib.util.spec_from_file_location(f"posenc_user_{path.stem}", path)
-    if spec is None or spec.loader is None or not path.is_file():
-        raise ImportError(f"no Python file at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# the schemes above, in the order `--schemes all` runs them (those of posenc.lab.layered run by their names)
+BUILTIN = tuple(name for name, s in ENCODINGS.items() if s.build.__module__ == __name__)
 
 
 def expand_schemes(names) -> tuple[str, ...]:
@@ -358,17 +262,6 @@ def expand_schemes(names) -> tuple[str, ...]:
     return tuple(out)
 
 
-def extensions_for(scheme: str, requested) -> list[str]:
-    """The extensions among ``requested`` that apply to ``scheme`` (its entry's ``extensions``)."""
-    own = ENCODINGS[scheme].extensions if scheme in ENCODINGS else ()
-    return [m for m in requested if m in own]
-
-
-def schemes_with(extension: str) -> list[str]:
-    """The registered schemes that ``extension`` applies to, in registration order."""
-    return [name for name, scheme in ENCODINGS.items() if extension in scheme.extensions]
-
-
 @contextmanager
 def eval_extension(model, method: str | None, factor: float, train_len: int) -> Iterator:
     """Inside the block ``model`` (a :class:`posenc.lab.model.GPT`) uses eval-time extension ``method`` at
@@ -386,10 +279,15 @@ def eval_extension(model, method: str | None, factor: float, train_len: int) -> 
         yield model
         return
     check_choice("extension", method, EXTENSIONS)
-    if method not in lookup(model.cfg.encoding).extensions:
+    if method not in model_extensions(model.cfg, [method]):
         raise LabError(
             f"extension={method!r} applies to the schemes {schemes_with(method)}; this model is "
             f"{model.cfg.encoding!r}"
+            + (
+                f" with layers={model.cfg.layers!r}, a per-layer plan, which takes none"
+                if model.cfg.layers
+                else ""
+            )
         )
     original = model.encoding
     try:

@@ -33,7 +33,7 @@ import posenc
 from posenc.lab import defaults as D
 from posenc.lab.checks import check_lengths
 from posenc.lab.data import sliding_windows, windows
-from posenc.lab.encodings import EXTENSIONS, eval_extension, extensions_for
+from posenc.lab.encodings import EXTENSIONS, eval_extension, model_extensions
 from posenc.lab.measures import BY_LENGTH, MEASURE_NAMES
 from posenc.lab.model import GPT
 from posenc.lab.passkey import (
@@ -217,7 +217,7 @@ def evaluate(
     ``measures``: :func:`perplexities`' protocols, sliding_tokens, probe_windows, probe_last,
     passkey_trials.
     """
-    methods = [None, *extensions_for(model.cfg.encoding, extensions)]
+    methods = [None, *model_extensions(model.cfg, extensions)]
     return [
         perplexities(
             model,

@@ -166,6 +166,7 @@ class GPT(nn.Module):
         self.hidden_terms = None
         if enc.hidden_terms is not None:
             self.hidden_terms = nn.ModuleList(enc.hidden_terms() for _ in range(cfg.n_layer))
+        self.layer_modules = _layer_modules(enc)
         self.encoding = enc
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = nn.RMSNorm(cfg.d_model)
@@ -211,10 +212,8 @@ class GPT(nn.Module):
     def use_encoding(self, enc: Encoding) -> None:
         """Attend with ``enc`` from now on (an extension's copy of the trained encoding); its modules are
         moved to the model's device. Nothing trained changes: the trained modules stay the children."""
-        device = self.tok.weight.device
-        for module in (enc.input, enc.rotary, enc.bias):
-            if module is not None:
-                module.to(device)
+        for module in _modules(enc, *(layer.encoding for layer in enc.layers or ())):
+            module.to(self.tok.weight.device)
         self.encoding = enc
 
     def set_rope_scaling(self, scaling: dict | None) -> None:
@@ -306,6 +305,17 @@ def _sinks(cfg: GPTConfig) -> nn.ParameterList:
     return nn.ParameterList(nn.Parameter(torch.zeros(cfg.n_head)) for _ in range(cfg.n_layer))
 
 
+def _layer_modules(enc: Encoding) -> nn.ModuleList | None:
+    """The rotaries and biases of a per-layer plan's layers, children of the model so that ``.to(device)``
+    moves them and ``state_dict`` holds a learned bias's parameters; None without a plan."""
+    return None if enc.layers is None else nn.ModuleList(_modules(*(layer.encoding for layer in enc.layers)))
+
+
+def _modules(*encodings: Encoding):
+    """The input encodings, rotaries and biases of ``encodings`` that are set."""
+    return (m for e in encodings for m in (e.input, e.rotary, e.bias) if m is not None)
+
+
 def _query_scales(cfg: GPTConfig, query_scale) -> nn.ParameterList | None:
     """A learned query-scale s per head for every layer, started at ``query_scale.init`` (SSMax), or None."""
     if query_scale is None or not query_scale.learned:
@@ -328,38 +338,39 @@ def _sharded_forward(model: GPT, idx: torch.Tensor, shard: ContextShard) -> torc
 
 
 def _per_layer(model: GPT, q_len: int, offset: int, positions, device, shard: ContextShard | None = None):
-    """The keyword arguments of :func:`posenc.attention` for each layer in turn, from the model's encoding:
-    its rotary, its bias (shared, or the layer's own) under its window, its score scale, the layer's sink
-    logits, the positions of this call when they are not the ordinary ones; and the layer's query scale
-    (H, q_len) for the block to apply, which counts every key a query sees, the cached ones included.
-    Under context parallelism (``shard``), q_len tokens at the shard's global ``positions``: every layer
-    attends on the ring, and a query sees position + 1 keys."""
+    """The keyword arguments of :func:`posenc.attention` for each layer in turn, from the model's encoding
+    (or the layer's own, under a per-layer plan): its rotary, its bias (shared, or the layer's own) under
+    its windows, its score scale, the layer's sink logits, the positions of this call when they are not
+    the ordinary ones; and the layer's query scale (H, q_len) for the block to apply, which counts every
+    key a query sees, the cached ones included. Under context parallelism (``shard``), q_len tokens at the
+    shard's global ``positions``: every layer attends on the ring, and a query sees position + 1 keys."""
     enc = model.encoding
-    keys_seen = None if enc.query_scale is None else enc.keys_seen(q_len, offset + q_len, device)
-    if shard is not None and keys_seen is not None:
-        keys_seen = positions + 1
+    plan = [layer.encoding for layer in enc.layers] if enc.layers is not None else None
 
-    def attend(bias, layer: int) -> dict:
-        out = enc.attend(bias, q_len, offset + q_len, model.cfg.head_dim, device)
-        if positions is not None and (enc.rotary is not None or shard is not None):
+    def attend(lenc: Encoding, bias, layer: int) -> dict:
+        out = lenc.attend(bias, q_len, offset + q_len, model.cfg.head_dim, device)
+        if positions is not None and (lenc.rotary is not None or shard is not None):
             out["positions"] = positions
         if shard is not None:
             out["shard"] = shard
         if model.sinks is not None:
             out["sinks"] = model.sinks[layer]
-        if keys_seen is not None:
-            s = enc.query_scale.init if model.query_scales is None else model.query_scales[layer]
-            out["query_scale"] = enc.query_scale.factor(s, keys_seen)
+        if lenc.query_scale is not None:
+            seen = positions + 1 if shard is not None else lenc.keys_seen(q_len, offset + q_len, device)
+            s = lenc.query_scale.init if model.query_scales is None else model.query_scales[layer]
+            out["query_scale"] = lenc.query_scale.factor(s, seen)
         return out
 
-    per_layer = model.layer_biases is not None or model.sinks is not None or model.query_scales is not None
-    shared = None if per_layer else attend(enc.bias, 0)
+    per_layer = plan is not None or any(
+        m is not None for m in (model.layer_biases, model.sinks, model.query_scales)
+    )
+    shared = None if per_layer else attend(enc, enc.bias, 0)
     for i in range(len(model.blocks)):
-        yield (
-            shared
-            if shared is not None
-            else attend(model.layer_biases[i] if model.layer_biases is not None else enc.bias, i)
-        )
+        if shared is not None:
+            yield shared
+            continue
+        lenc = enc if plan is None else plan[i]
+        yield attend(lenc, model.layer_biases[i] if model.layer_biases is not None else lenc.bias, i)
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:

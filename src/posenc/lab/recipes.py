@@ -15,6 +15,10 @@ tokens whatever the recipe (compute-matched; attention's share grows with T, a f
 - ``pose``: PoSE, positional skip-wise training: windows of L whose position ids skip so that they cover
   0 .. T-1, with PI at the factor (Zhu et al. 2023, arxiv.org/abs/2309.10400, PoSE-Linear): T's positions at
   L's cost.
+- ``drope``: DroPE, RoPE dropped from every layer and the model recalibrated at L (Gelberg et al. 2026,
+  arxiv.org/abs/2512.12167: after pretraining, under 1% of its budget brings NoPE's extrapolation without
+  long-context fine-tuning); ``drope-scaled`` the same with the log-length query scale
+  (:func:`posenc.lab.layered.log_length_scale`) on every layer, the attention temperature past L.
 - ``none``: the control: K more steps at L, nothing changed.
 
 This module imports nothing of the laboratory but its checks and errors; the schedules are the eval-time
@@ -43,6 +47,8 @@ class Recipe:
         :func:`posenc.extension.extension_scaling` ("pi", "yarn", "ntk"), or None (unchanged).
     at_target: it trains on windows of the target length (else of the training length).
     pose: its windows' position ids skip so that they cover the target length (PoSE).
+    layers: the per-layer plan the continued model attends with (:mod:`posenc.lab.layers`; DroPE's
+        ``"nope"``), or None: the model's own.
     meaning: one line for the report.
     """
 
@@ -51,13 +57,16 @@ class Recipe:
     at_target: bool
     meaning: str
     pose: bool = False
+    layers: str | None = None
 
     def adapt(self, cfg, factor: int):
         """The config of the continued model: ``cfg`` with the recipe's RoPE schedule at ``factor`` (the
         scaling dict eval-time extension uses, ``original_max_position_embeddings`` the training length)
-        and, for PoSE, its target length."""
+        and, for PoSE, its target length; for DroPE, its plan of layers without RoPE."""
         scaling = None if self.method is None else extension_scaling(self.method, float(factor), cfg.max_len)
-        return replace(cfg, rope_scaling=scaling, pose_len=factor * cfg.max_len if self.pose else None)
+        pose_len = factor * cfg.max_len if self.pose else None
+        layers = self.layers if self.layers is not None else getattr(cfg, "layers", None)
+        return replace(cfg, rope_scaling=scaling, pose_len=pose_len, layers=layers)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -73,6 +82,20 @@ RECIPES: dict[str, Recipe] = {
             False,
             "PoSE: trained at the training length with position ids skipping over the target length, PI",
             pose=True,
+        ),
+        Recipe(
+            "drope",
+            None,
+            False,
+            "DroPE: RoPE dropped from every layer, recalibrated at the training length",
+            layers="nope",
+        ),
+        Recipe(
+            "drope-scaled",
+            None,
+            False,
+            "DroPE with the log-length query scale in every layer, recalibrated at the training length",
+            layers="nope:scale=log",
         ),
         Recipe("none", None, False, "the control: trained on at the training length, unchanged"),
     )

@@ -43,6 +43,7 @@ from posenc.lab.context_parallel import ContextShard, check_context_parallel
 from posenc.lab.data import Corpus, batch_at, load_corpus
 from posenc.lab.encodings import build
 from posenc.lab.errors import LabError
+from posenc.lab.layers import plan_of
 from posenc.lab.model import GPT, next_byte_loss
 from posenc.lab.runtime import Processes
 from posenc.parallel import shard_indices
@@ -255,7 +256,8 @@ class _Run:
             self.model.load_state_dict(tensors, strict=True)
         if self.procs.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "run.json").write_text(json.dumps(self.state, indent=2))
+            record = {**self.state, "layers": plan_of(self.model.encoding)}  # each block's kind, as it ran
+            (self.out / "run.json").write_text(json.dumps(record, indent=2))
         return start
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
