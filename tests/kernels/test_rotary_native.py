@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from posenc import RotaryEmbedding, reference
 from posenc.kernels import Path, apply_rotary, apply_rotary_qk, choose_path, native, rotate_eager
 from posenc.kernels.native import build
-from tests.paths import torch_kernels
 
 if os.environ.get("CI") and build.compiler() and os.environ.get("POSENC_DISABLE_NATIVE") != "1":
     # CI built it in `make install`: a missing op there is a failure, not a skip
@@ -123,7 +122,7 @@ def test_dispatch_takes_the_op_where_it_fits_and_torch_elsewhere():
         choose_path((x.transpose(-1, -2).contiguous().transpose(-1, -2),), "half", cos=cos) is not Path.NATIVE
     )
     assert choose_path((x, x.double()), "half", cos=cos) is not Path.NATIVE  # one dtype per call
-    with torch_kernels():
+    with native.disabled():
         assert choose_path((x,), "half", cos=cos) is not Path.NATIVE
         assert native.status() == "off (POSENC_DISABLE_NATIVE=1)"
 

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 import posenc
 from posenc import RotaryEmbedding
 from posenc import reference as R
-from posenc.kernels import dispatch
+from posenc.kernels import dispatch, native
 from posenc.rope.table import CACHE_LIMIT
-from tests.paths import torch_kernels
 
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
@@ -168,7 +167,7 @@ def test_small_tensor_path_equals_the_fused_path_and_the_reference(
     gen = torch.Generator().manual_seed(q_len * 31 + offset)
     q = torch.randn(2, heads[0], q_len, 16, generator=gen).to(dtype)
     k = torch.randn(2, heads[1], q_len + extra_k, 16, generator=gen).to(dtype)
-    with torch_kernels():  # the small path is the torch one the compiled op would replace
+    with native.disabled():  # the small path is the torch one the compiled op would replace
         small = rope(q, k, offset=offset)
     with _no_small_path():
         fused = rope(q, k, offset=offset)
@@ -186,7 +185,7 @@ def test_small_tensor_path_gradients_and_double_backward(layout):
     rope = RotaryEmbedding(8, layout=layout)
     q = torch.randn(1, 2, 3, 8, dtype=torch.float32, requires_grad=True)
     k = torch.randn(1, 1, 3, 8, dtype=torch.float32, requires_grad=True)
-    with torch_kernels():
+    with native.disabled():
         qo, ko = rope(q, k, offset=5)
     assert "Rotary" not in type(qo.grad_fn).__name__  # the small path, not the autograd Function
     (qo * ko.expand_as(qo)).sum().backward()
@@ -244,7 +243,7 @@ def test_a_strided_last_dimension_rotates_like_its_contiguous_copy(layout, seq):
     rope = RotaryEmbedding(64, layout=layout)
     wide = torch.randn(1, 2, seq, 128)
     strided = wide[..., ::2]
-    with torch_kernels():
+    with native.disabled():
         got = rope(strided, strided)
         want = rope(strided.contiguous(), strided.contiguous())
     for g, w in zip(got, want, strict=True):

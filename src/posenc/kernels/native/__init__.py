@@ -10,6 +10,7 @@ runs the rotary tests both ways).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,7 +18,7 @@ import warnings
 
 import torch
 
-__all__ = ["available", "rotary", "status", "why_not_loadable"]
+__all__ = ["available", "disabled", "rotary", "status", "why_not_loadable"]
 
 _HOW = "run `make install` in posenc's checkout, or `python -m posenc.kernels.native.build`"
 
@@ -75,6 +76,21 @@ def available() -> bool:
 @functools.cache
 def _warn_once(why: str) -> None:
     warnings.warn(f"posenc: {why}; RoPE on the CPU runs on torch ops meanwhile", stacklevel=4)
+
+
+@contextlib.contextmanager
+def disabled():
+    """Inside, posenc runs its torch kernels as if the op were not built (``POSENC_DISABLE_NATIVE=1``): to
+    compare the two, or to rule the op out while hunting a difference."""
+    saved = os.environ.get("POSENC_DISABLE_NATIVE")
+    os.environ["POSENC_DISABLE_NATIVE"] = "1"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("POSENC_DISABLE_NATIVE", None)
+        else:
+            os.environ["POSENC_DISABLE_NATIVE"] = saved
 
 
 def rotary(xs, outs, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, conjugate: bool) -> None:

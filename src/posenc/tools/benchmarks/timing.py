@@ -1,8 +1,12 @@
-"""Timing shared by every benchmark: cases run round-robin, synchronised on CUDA."""
+"""Timing shared by every benchmark: cases run round-robin, synchronised on CUDA; a busy neighbour for the
+load-robustness rows."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -48,3 +52,19 @@ def medians(times: dict[str, list[float]]) -> dict[str, float]:
 def bests(times: dict[str, list[float]]) -> dict[str, float]:
     """Each case's fastest call (seconds): how much of the median is other processes' load."""
     return {name: min(ts) for name, ts in times.items()}
+
+
+@contextlib.contextmanager
+def busy_neighbour():
+    """Inside, a second process spins on one core (the first the scheduler lets it have): what a machine
+    with a dataloader worker or another job looks like to a kernel. Ended on the way out, whatever happens."""
+    spin = "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\nwhile True:\n    pass\n"
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        time.sleep(0.2)  # let it reach its loop
+        yield child
+    finally:
+        child.kill()
+        child.wait()
