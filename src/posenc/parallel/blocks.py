@@ -12,7 +12,8 @@ Three paths, the first that applies: runs of consecutive tokens (contiguous and 
 bias, window or documents, each pair of runs whole, causal on the diagonal or skipped, on torch's CPU flash
 kernel without a mask; chunks of query rows on the flash kernel with an additive mask (a bias without
 trained parameters, windows, documents, pads); chunks of rows on this module's own arithmetic (trained
-biases, whose parameter gradients need the scores; remaps; values narrower than the queries; CUDA). A
+biases, whose parameter gradients need the scores; remaps; content terms: FoX's, the banded bias's,
+Shaw's and CoPE's (:mod:`.relative`); values narrower than the queries; CUDA). A
 chunk takes only the key columns some of its rows may see, so a causal or windowed block costs what it
 must and peak memory is a chunk's scores, not a block's.
 """

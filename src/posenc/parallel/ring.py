@@ -594,7 +594,10 @@ def ring_attention(
             (batch, heads, n)): the gates are gathered, summed in global order (float64), and query i and
             key j add sum_{l = j+1 .. i} log f_l; causal. Or Inkling's :class:`~posenc.BandedBias` of this
             rank's r (batch, heads, n, d_rel) with the layer's table P: r_i . P[:, i - j] in the band;
-            causal; P's gradient is this rank's share.
+            causal; P's gradient is this rank's share. Or Shaw et al.'s :class:`~posenc.ShawRelative` (a^K and
+            a^V at each pair's clipped global distance) or a :class:`~posenc.CoPE` (causal; its positions
+            count gates over keys on every rank: extra passes of the ring, :mod:`posenc.parallel.relative`),
+            one module shared by the ranks, its tables' gradients this rank's share; no window with either.
         causal: a query sees keys at indices <= its own.
         window: a query sees keys at index distance < window (both sides when not causal).
         scale: score scale, default 1/sqrt(head_dim).
