@@ -1,6 +1,6 @@
-"""posenc train under context parallelism: 2 gloo ranks share every sequence (each a head-tail half,
-attention on posenc.parallel's ring) and train the model that one process trains on the whole batch, up to
-float summation order; and the refusals, before any work."""
+"""posenc train and posenc compare under context parallelism: 2 gloo ranks share every sequence (each a
+head-tail half, attention on posenc.parallel's ring) and train the model that one process trains on the
+whole batch, up to float summation order; and the refusals, before any work."""
 
 import json
 import subprocess
@@ -101,3 +101,49 @@ def test_encodings_that_cannot_be_split_are_refused_by_name():
     for encoding, why in (("fox", "content bias"), ("shaw", "content bias"), ("rope-random", "drawn per")):
         with pytest.raises(LabError, match=f"does not support the '{encoding}' scheme yet: .*{why}"):
             check_context_parallel(build(GPTConfig(encoding=encoding, **SHAPE)), encoding)
+
+
+def test_compare_under_two_context_ranks_gives_the_one_process_comparison(corpus_dir, tmp_path):
+    # posenc compare --context-parallel 2: every (scheme, seed) trained on 2 spawned gloo ranks, then
+    # evaluated as usual; the reported perplexities and the trained weights are the one-process compare's
+    from posenc.lab.compare import run_compare
+    from posenc.lab.config import settings_for
+
+    # two schemes, one seed each: every trained model costs two process starts (about 3.5 s here)
+    settings = settings_for("tiny", schemes=("rope", "alibi"), seeds=1, extensions=())
+    cache = tmp_path / "cache"
+    runs = {
+        size: run_compare(
+            tmp_path / f"cp{size}",
+            settings,
+            corpus=str(corpus_dir),
+            cache_dir=str(cache),
+            jobs=1,
+            progress=False,
+            context_parallel=size,
+        )
+        for size in (1, 2)
+    }
+    one, two = ({r["scheme"]: r for r in runs[size].rows} for size in (1, 2))
+    assert sorted(one) == sorted(two) == ["alibi", "rope"]
+    for scheme in one:
+        for length, ppl in one[scheme]["ppl"].items():
+            assert two[scheme]["ppl"][length] == pytest.approx(ppl, rel=1e-5), (scheme, length)
+        run = f"models/{scheme}/seed-{settings.seed}"
+        mine, theirs = (
+            load_file(latest_checkpoint(tmp_path / f"cp{size}" / run) / "model.safetensors")
+            for size in (2, 1)
+        )
+        for k, v in theirs.items():
+            torch.testing.assert_close(mine[k], v, rtol=1e-4, atol=1e-5, msg=f"{run}: {k}")
+
+
+def test_compare_refuses_context_parallelism_it_cannot_run_before_any_work(tmp_path):
+    from posenc.lab.compare import run_compare
+    from posenc.lab.config import settings_for
+
+    with pytest.raises(LabError, match="does not support the 'shaw' scheme yet"):
+        run_compare(tmp_path / "a", settings_for("tiny", schemes=("rope", "shaw")), context_parallel=2)
+    with pytest.raises(LabError, match=r"multiple of 2 x --context-parallel = 6"):
+        run_compare(tmp_path / "b", settings_for("tiny", schemes=("rope",)), context_parallel=3)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -33,6 +33,10 @@ TERMS = (
     "dual-chunk",
     "fox",
     "banded",
+    "shaw",
+    "shaw-documents",
+    "cope",
+    "cope-documents",
 )
 REMAPS = {
     "selfextend": lambda: posenc.SelfExtend(3, 4),
@@ -69,6 +73,8 @@ class Case:
             bias = posenc.ForgetBias(self.gates)
         if self.rel is not None:
             bias = posenc.BandedBias(*self.rel)
+        if isinstance(bias, (posenc.ShawRelative, posenc.CoPE)) and self.documents is not None:
+            return _per_document(self, bias)
         mask = _allowed(self)
         if mask is None:
             return posenc.attention(
@@ -107,6 +113,19 @@ class Case:
         if self.cu_seqlens is not None and layout == "headtail":
             return shard_indices(self.length, world, rank, layout, cu_seqlens=self.cu_seqlens, pad=True)
         return shard_indices(self.length, world, rank, layout, pad=True)
+
+
+def _per_document(case: Case, bias) -> torch.Tensor:
+    """posenc.attention on each packed document alone (Shaw's and CoPE's terms take no mask), side by
+    side: what a document mask over the whole sequence means for them."""
+    cuts = case.cu_seqlens.tolist()
+    parts = [
+        posenc.attention(
+            case.q[:, :, a:b], case.k[:, :, a:b], case.v[:, :, a:b], bias=bias, causal=case.causal
+        )
+        for a, b in zip(cuts[:-1], cuts[1:], strict=True)
+    ]
+    return torch.cat(parts, dim=2)
 
 
 def _allowed(case: Case) -> torch.Tensor | None:
@@ -164,7 +183,7 @@ def make_case(
         case.params = [p for p in bias.parameters() if p.requires_grad]
     if term.startswith("window"):
         options["window"] = max(2, length // 5)
-    if term == "documents":
+    if term.endswith("documents"):
         cuts = sorted(torch.randperm(length - 1, generator=gen)[:2].add(1).tolist())
         case.cu_seqlens = torch.tensor([0, *cuts, length])
         case.documents = torch.repeat_interleave(torch.arange(3), case.cu_seqlens.diff())
@@ -183,7 +202,15 @@ def make_case(
         rel = torch.randn(2, heads, length, 3, generator=gen, dtype=dtype).requires_grad_(True)
         table = torch.randn(3, 5, generator=gen, dtype=dtype).requires_grad_(True)
         case.rel, case.params = (rel, table), [rel, table]
-    if term in ("sinks", "fox", "banded", *REMAPS) and not causal:
+    if term.startswith(("shaw", "cope")):  # Shaw's tables, or CoPE's with positions past its end (8)
+        torch.manual_seed(seed)
+        bias = posenc.ShawRelative(dim, 4, v_dim=v_dim) if term.startswith("shaw") else posenc.CoPE(dim, 8)
+        bias = bias.to(dtype)
+        if term.startswith("cope"):  # CoPE starts at zero: random embeddings, so its positions count
+            bias.pos_emb.data = torch.randn(dim, 8, generator=gen, dtype=dtype)
+        options["bias"] = bias
+        case.params = list(bias.parameters())
+    if term in ("sinks", "fox", "banded", "cope", "cope-documents", *REMAPS) and not causal:
         options["causal"] = case.causal = True  # sinks and remaps are causal only, as posenc.attention's
     return case
 
@@ -191,6 +218,17 @@ def make_case(
 def gradients(case: Case, out: torch.Tensor, weight: torch.Tensor) -> list[torch.Tensor]:
     """d(sum(out * weight)) / d(q, k, v, the term's parameters)."""
     return list(torch.autograd.grad((out * weight).sum(), [case.q, case.k, case.v, *case.params]))
+
+
+def parameter_error(mine: torch.Tensor, theirs: torch.Tensor) -> float:
+    """The largest difference of a parameter's gradient, in float32 relative to its largest entry when
+    that is over 1: such a gradient sums over every pair of the batch, and at float32 the single-process
+    reference's own error grows with it (Shaw's a^V at 37 tokens: entries of 20, the reference 1.4e-5 from
+    float64's; the ring 4e-6)."""
+    err = (mine - theirs).abs().max().item()
+    if theirs.dtype == torch.float32:
+        err /= max(1.0, theirs.abs().max().item())
+    return err
 
 
 def weight_for(case: Case) -> torch.Tensor:

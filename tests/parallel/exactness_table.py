@@ -21,7 +21,10 @@ if __name__ == "__main__":
         for term in TERMS:
             for layout in LAYOUTS:
                 for causal in (True, False):
-                    if not causal and (term in REMAPS or term in ("sinks", "documents", "fox", "banded")):
+                    if not causal and (
+                        term in REMAPS
+                        or term in ("sinks", "documents", "fox", "banded", "cope", "cope-documents")
+                    ):
                         continue
                     cases.append([term, layout, causal, "float64", 4 * world + 5])
                     cases.append([term, layout, causal, "float64", 4 * world + 6])

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from posenc.parallel import ring_attention, shard
 
-from .cases import gradients, make_case, weight_for
+from .cases import gradients, make_case, parameter_error, weight_for
 from .group import gloo_rank
 
 
@@ -42,7 +42,7 @@ def run_cases(rank: int, world: int, store: str, out: str, cases: list) -> None:
             for a, b in zip(mine[:3], theirs[:3], strict=True):  # q, k, v: this rank's tokens
                 err = max(err, (a.index_select(2, real) - b.index_select(2, real)).abs().max().item())
             for a, b in zip(mine[3:], theirs[3:], strict=True):
-                err = max(err, (a - b).abs().max().item())
+                err = max(err, parameter_error(a, b))
             errors.append([term, layout, causal, dtype_name, length, err])
         with open(os.path.join(out, f"{rank}.json"), "w") as f:
             json.dump(errors, f)

@@ -140,6 +140,12 @@ class CompareOptions:
         help="models trained in parallel (default: on CPU all at once, one thread each; 1 on GPU)",
     )
     compile: bool = like(TrainOptions, "compile")
+    context_parallel: int = option(
+        1,
+        type=cli.positive_int,
+        help="train each model on N gloo processes on the CPU that share every sequence (context "
+        "parallelism: each a head-tail share, attention on posenc.parallel's ring; docs/parallel.md)",
+    )
     no_progress: bool = option(False, help="no progress display")
 
 
@@ -218,7 +224,11 @@ def _add_compare(subparsers) -> None:
     add_flags(p.add_argument_group("data and device"), DataOptions)
     group = p.add_argument_group("the comparison (each flag replaces the preset's value)")
     add_flags(group, Settings, COMPARE_FLAGS, presets=PRESETS)
-    add_flags(p.add_argument_group("the run"), CompareOptions, ["jobs", "compile", "no_progress"])
+    add_flags(
+        p.add_argument_group("the run"),
+        CompareOptions,
+        ["jobs", "compile", "context_parallel", "no_progress"],
+    )
     p.set_defaults(func=cmd_compare)
 
 

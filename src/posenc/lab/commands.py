@@ -249,6 +249,7 @@ def cmd_compare(args) -> int:
         jobs=args.jobs,
         progress=not args.no_progress,
         compile=args.compile,
+        context_parallel=args.context_parallel,
     )
     print(result.table)
     print(f"\nwrote results.json, results.md, extrapolation.png to {args.out} ({result.wall_s:.0f} s)")

@@ -50,8 +50,10 @@ from posenc.lab.checkpoint import (
 )
 from posenc.lab.checks import check_int
 from posenc.lab.config import Settings
+from posenc.lab.context_parallel import check_context_run
 from posenc.lab.data import load_corpus
 from posenc.lab.encodings import extensions_for
+from posenc.lab.errors import LabError
 from posenc.lab.evaluate import perplexities
 from posenc.lab.layers import build, plan_of
 from posenc.lab.measures import MEASURE_NAMES
@@ -95,7 +97,7 @@ def _run_task(task: Task, run: Comparison, events) -> dict:
             if task.recipe
             else (s.model_config(task.scheme), s.train_config(task.seed))
         )
-        _train_once(*configs, s.ckpt_every, run_dir, data, run.device, run.compile, events, label)
+        _train_once(*configs, run, run_dir, data, events, label)
     train_s = time.perf_counter() - t0
     model, _ = load_model(run_dir, run.device)
     events.put(("eval", label, None))
@@ -125,13 +127,26 @@ def _run_task(task: Task, run: Comparison, events) -> dict:
     return row
 
 
-def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, device, compile, events, label):
+def _train_once(model_cfg, train_cfg, run: Comparison, run_dir: Path, data, events, label):
     """Train into ``run_dir``, resuming a partial run; a finished model is reused only if it was trained
-    with these settings (--lr, --copy-fraction...), else a CheckpointError."""
+    with these settings (--lr, --copy-fraction...), else a CheckpointError. With ``run.context_parallel``
+    N > 1, on N spawned gloo processes sharing every sequence (:mod:`posenc.lab.context_ranks`), whose
+    logged losses are shown when they finish."""
     if is_complete(run_dir, train_cfg.steps):
         latest = latest_checkpoint(run_dir)
         saved = json.loads((latest / "state.json").read_text())
         check_resumable(saved, run_state(model_cfg, train_cfg, data.path), latest)
+        return
+    ckpt_every = run.settings.ckpt_every
+    if run.context_parallel > 1:
+        from posenc.lab.context_ranks import train_on_ranks
+
+        threads = max(1, torch.get_num_threads() // run.context_parallel)
+        options = dict(corpus=run.corpus, cache_dir=run.cache_dir, ckpt_every=ckpt_every, compile=run.compile)
+        for step, loss, tps in train_on_ranks(
+            run.context_parallel, threads, model_cfg, train_cfg, run_dir, **options
+        ):
+            events.put(("step", label, step, loss, tps))
         return
     train(
         model_cfg,
@@ -140,9 +155,9 @@ def _train_once(model_cfg, train_cfg, ckpt_every: int, run_dir: Path, data, devi
         corpus=data,
         resume=True,
         ckpt_every=ckpt_every,
-        device=device,
+        device=run.device,
         progress=False,
-        compile=compile,
+        compile=run.compile,
         callback=lambda step, loss, tps: events.put(("step", label, step, loss, tps)),
     )
 
@@ -292,6 +307,21 @@ def _layer_plans(s: Settings) -> dict:
     return plans
 
 
+def _check_context_parallel(s: Settings, size: int, device: str) -> None:
+    """Refuse, before any work, context parallelism off the CPU or for a model it cannot train."""
+    check_int("context_parallel", size)
+    if size > 1 and device != "cpu":
+        raise LabError(
+            f"--context-parallel {size} trains each model on {size} gloo processes on the CPU; got "
+            f"--device {device} (on GPUs: posenc train --context-parallel under torchrun)"
+        )
+    for scheme in s.schemes if size > 1 else ():
+        for seed in _seeds(s):
+            check_context_run(s.model_config(scheme), s.train_config(seed), size, size)
+            for recipe in s.recipes_for(scheme):  # a recipe's model trains on the ranks too
+                check_context_run(*s.recipe_configs(scheme, seed, recipe, "."), size, size)
+
+
 def _val_tokens_needed(s: Settings) -> int:
     """Validation tokens the protocols need: the longest window, and for the sliding protocol at least one
     stride after it (it scores the tokens after the longest length, so that every length scores them)."""
@@ -320,14 +350,18 @@ def run_compare(
     jobs: int | None = None,
     progress: bool = True,
     compile: bool | str = False,
+    context_parallel: int = 1,
 ) -> CompareResult:
     """Train and evaluate every scheme of ``settings``, write the report files into ``out``.
 
-    ``compile`` trains each model through ``torch.compile`` (see :func:`posenc.lab.train.train`).
+    ``compile`` trains each model through ``torch.compile`` (see :func:`posenc.lab.train.train`);
+    ``context_parallel`` N > 1 trains each on N gloo processes on the CPU that share every sequence
+    (:mod:`posenc.lab.context_ranks`), each with its share of the worker's threads.
     """
     t0 = time.perf_counter()
     check_device(device)
     compile_backend(compile)  # a bad backend is refused before any worker starts
+    _check_context_parallel(settings, context_parallel, device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     # Load once here: errors about the corpus surface before any worker starts, and the token cache is
@@ -342,7 +376,7 @@ def run_compare(
     jobs, threads = _workers(jobs, device, settings)
     order, followups = _task_order(settings)
     display = _display(settings, order, progress)
-    run = Comparison(settings, str(out), corpus, cache_dir, device, compile)
+    run = Comparison(settings, str(out), corpus, cache_dir, device, compile, context_parallel)
     if jobs == 1:
         rows = _run_inline(order, followups, run, display)
     else:

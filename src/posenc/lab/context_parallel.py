@@ -7,10 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
+from posenc.lab.checks import check_int
+from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.encoding import Encoding
+from posenc.lab.encodings import build
 from posenc.lab.errors import LabError
 
-__all__ = ["ContextShard", "check_context_parallel"]
+__all__ = ["ContextShard", "check_context_parallel", "check_context_run"]
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,29 @@ def check_context_parallel(enc: Encoding, scheme: str) -> None:
         why = "its training positions are drawn per forward pass over the whole sequence"
     if why is not None:
         raise LabError(f"--context-parallel does not support the {scheme!r} scheme yet: {why}")
+
+
+def check_context_run(model_cfg: GPTConfig, train_cfg: TrainConfig, size: int, world: int) -> None:
+    """Refuse, before any work, a training run that ``world`` processes cannot share as replicas of
+    ``size`` context ranks: ``size`` must divide the processes, the replicas the batch, and 2 x ``size``
+    the sequence (each rank a head and a tail chunk), and the encoding must split along the sequence."""
+    check_int("context_parallel", size)
+    if world % size:
+        raise LabError(
+            f"--context-parallel {size} must divide the number of processes ({world}); "
+            "launch with torchrun --nproc_per_node N"
+        )
+    replicas = world // size
+    if train_cfg.batch_size % replicas:
+        raise LabError(
+            f"batch_size={train_cfg.batch_size} must be divisible by the number of data-parallel replicas "
+            f"({replicas} = {world} processes / --context-parallel {size})"
+        )
+    seq = train_cfg.seq_len or model_cfg.max_len
+    if seq % (2 * size):
+        raise LabError(
+            f"the sequence length {seq} must be a multiple of 2 x --context-parallel = "
+            f"{2 * size} (each rank holds a head and a tail chunk of every sequence)"
+        )
+    if size > 1:
+        check_context_parallel(build(model_cfg), model_cfg.encoding)

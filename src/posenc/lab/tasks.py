@@ -67,7 +67,8 @@ class Task:
 
 @dataclass(frozen=True)
 class Comparison:
-    """What every task of one comparison shares: its settings, output folder, corpus, device, compile."""
+    """What every task of one comparison shares: its settings, output folder, corpus, device, compile, and
+    the processes that share each sequence while training (``context_parallel``)."""
 
     settings: Settings
     out: str
@@ -75,3 +76,4 @@ class Comparison:
     cache_dir: str | None
     device: str
     compile: bool | str
+    context_parallel: int = 1

@@ -39,9 +39,8 @@ from posenc.lab.checkpoint import (
 )
 from posenc.lab.checks import check_int
 from posenc.lab.config import GPTConfig, TrainConfig
-from posenc.lab.context_parallel import ContextShard, check_context_parallel
+from posenc.lab.context_parallel import ContextShard, check_context_run
 from posenc.lab.data import Corpus, batch_at, load_corpus
-from posenc.lab.encodings import build
 from posenc.lab.errors import LabError
 from posenc.lab.layers import plan_of
 from posenc.lab.model import GPT, next_byte_loss
@@ -123,26 +122,7 @@ def train(
     check_int("ckpt_every", ckpt_every)
     backend = compile_backend(compile)
     procs = Processes.from_env()
-    check_int("context_parallel", context_parallel)
-    if procs.world % context_parallel:
-        raise LabError(
-            f"--context-parallel {context_parallel} must divide the number of processes ({procs.world}); "
-            "launch with torchrun --nproc_per_node N"
-        )
-    replicas = procs.world // context_parallel
-    if train_cfg.batch_size % replicas:
-        raise LabError(
-            f"batch_size={train_cfg.batch_size} must be divisible by the number of data-parallel replicas "
-            f"({replicas} = {procs.world} processes / --context-parallel {context_parallel})"
-        )
-    seq = train_cfg.seq_len or model_cfg.max_len
-    if seq % (2 * context_parallel):
-        raise LabError(
-            f"the sequence length {seq} must be a multiple of 2 x --context-parallel = "
-            f"{2 * context_parallel} (each rank holds a head and a tail chunk of every sequence)"
-        )
-    if context_parallel > 1:
-        check_context_parallel(build(model_cfg), model_cfg.encoding)
+    check_context_run(model_cfg, train_cfg, context_parallel, procs.world)
     dev = procs.start(device)
     if not isinstance(corpus, Corpus):
         corpus = load_corpus(

@@ -12,7 +12,8 @@ Three paths, the first that applies: runs of consecutive tokens (contiguous and 
 bias, window or documents, each pair of runs whole, causal on the diagonal or skipped, on torch's CPU flash
 kernel without a mask; chunks of query rows on the flash kernel with an additive mask (a bias without
 trained parameters, windows, documents, pads); chunks of rows on this module's own arithmetic (trained
-biases, whose parameter gradients need the scores; remaps; values narrower than the queries; CUDA). A
+biases, whose parameter gradients need the scores; remaps; content terms: FoX's, the banded bias's,
+Shaw's and CoPE's (:mod:`.relative`); values narrower than the queries; CUDA). A
 chunk takes only the key columns some of its rows may see, so a causal or windowed block costs what it
 must and peak memory is a chunk's scores, not a block's.
 """
@@ -25,8 +26,20 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.blocked_common import flash, flash_bwd
+from .heads import grouped_dk, grouped_pv, grouped_qk
+from .relative import cope_gates, cope_term, gate_totals, run_ids, shaw_key_term, shaw_value_term
 
-__all__ = ["Keys", "Queries", "Rule", "banded_term", "block_backward", "block_forward", "merge"]
+__all__ = [
+    "Keys",
+    "Queries",
+    "Rule",
+    "banded_term",
+    "block_backward",
+    "block_count_gradients",
+    "block_forward",
+    "block_gate_totals",
+    "merge",
+]
 
 # Scores held at once per chunk of query rows (batch x heads x rows x keys).
 _CHUNK_SCORES = 1 << 22
@@ -44,7 +57,8 @@ class Queries:
     """A rank's queries: q (B, H, m, D) rotated, in the work dtype; their global ``index`` (m,) (-1 = pad),
     ``position`` (m,) for the bias, ``document`` (m,) ids or None, ``term`` (B, H, m) float64 or None: a
     per-token score term, query i and key j adding term_i - term_j (FoX's cumulative log forget gates), and
-    ``rel`` (B, H, m, d_rel) or None: the banded bias's r, query i and key j adding r_i . P[:, i - j]."""
+    ``rel`` (B, H, m, d_rel) or None: the banded bias's r, query i and key j adding r_i . P[:, i - j];
+    ``counts`` (B, H, m, runs) or None: CoPE's gate totals of the later runs (:mod:`.relative`)."""
 
     q: torch.Tensor
     index: torch.Tensor
@@ -52,6 +66,7 @@ class Queries:
     document: torch.Tensor | None
     term: torch.Tensor | None = None
     rel: torch.Tensor | None = None  # Inkling's r (B, H, m, d_rel) of the banded bias
+    counts: torch.Tensor | None = None  # CoPE: (B, H, m, runs) the gates of the runs after each run
 
 
 @dataclass
@@ -78,11 +93,19 @@ class Rule:
     bands: tuple | None = None  # a remap's views: q and k hold one rotation per view side by side
     decay: bool = False  # per-token terms: query i and key j add term_i - term_j (FoX)
     table: torch.Tensor | None = None  # the banded bias's P (d_rel, extent): r_i . P[:, i - j] in the band
+    relative: object = None  # a ShawRelative or a CoPE: terms of the query content and the pair (.relative)
+    runs: torch.Tensor | None = None  # CoPE: the global index at which each run of keys starts
 
     @property
     def content(self) -> bool:
-        """Whether a term reads the queries' content (FoX's gates, the banded bias's r): own arithmetic."""
-        return self.decay or self.table is not None
+        """Whether a term reads the queries' content (FoX's gates, the banded bias's r, Shaw's and CoPE's
+        tables): own arithmetic."""
+        return self.decay or self.table is not None or self.relative is not None
+
+    @property
+    def shaw(self) -> bool:
+        """Whether the relative term is Shaw et al.'s (a value term as well), else CoPE's."""
+        return hasattr(self.relative, "value_table")
 
     def flash(self, q: torch.Tensor, v: torch.Tensor) -> bool:
         """Whether blocks run on torch's CPU flash kernel (scores never materialised): on the CPU, values as
@@ -124,14 +147,6 @@ def _columns(ok: torch.Tensor):
     return cols.nonzero().squeeze(1)
 
 
-def _grouped_qk(q, k):
-    """(B, H, rows, cols) dot products; grouped heads: q head h uses kv head h // (H / Hk), as
-    scaled_dot_product_attention's enable_gqa."""
-    b, h, rows, d = q.shape
-    hk = k.shape[1]
-    return torch.einsum("bkgmd,bknd->bkgmn", q.view(b, hk, h // hk, rows, d), k).reshape(b, h, rows, -1)
-
-
 def _view_masks(rule: Rule, qp, kp):
     """Per view of a remap, (rows, cols) True where the pair's distance lies in the view's band."""
     return [band.inside(qp, kp) for band in rule.bands]
@@ -153,42 +168,93 @@ def banded_term(rel, table, qp, kp) -> torch.Tensor:
     return torch.gather(profiles, -1, index) * inside
 
 
-def _scores(rule: Rule, q, k, ok, qp, kp, dtype, qt=None, kt=None, rel=None) -> torch.Tensor:
+@dataclass
+class _Chunk:
+    """A chunk of query rows against the key columns they may see: q (B, H, rows, D), qp (rows,), the
+    mask ok (rows, cols), k, v (B, Hk, cols, .), their positions kp, terms kt and indices ki, and the rows'
+    share of the queries' per-token terms (qt, rel, counts)."""
+
+    q: torch.Tensor
+    qp: torch.Tensor
+    ok: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    kp: torch.Tensor
+    kt: torch.Tensor | None
+    ki: torch.Tensor
+    qt: torch.Tensor | None
+    rel: torch.Tensor | None
+    counts: torch.Tensor | None
+
+
+def _chunk(queries: Queries, rows, ok, selected) -> _Chunk:
+    def mine(t):
+        return None if t is None else t[:, :, rows]
+
+    k, v, kp, kt, ki = selected
+    return _Chunk(
+        queries.q[:, :, rows],
+        queries.position[rows],
+        ok,
+        k,
+        v,
+        kp,
+        kt,
+        ki,
+        mine(queries.term),
+        mine(queries.rel),
+        mine(queries.counts),
+    )
+
+
+def _relative_term(rule: Rule, c: _Chunk, q, k, tables) -> torch.Tensor:
+    """Shaw's q_i . a^K_{c(j - i)} * scale or CoPE's bias of the chunk's pairs, differentiable in q, k and
+    ``tables`` (the term's ``parameters_for_block``)."""
+    if rule.shaw:
+        return shaw_key_term(q, tables[0], rule.relative.rows(c.qp, c.kp), rule.scale)
+    return cope_term(q, k, tables[0], c.counts, c.ok, run_ids(rule.runs, c.ki), rule.scale)[0]
+
+
+def _scores(rule: Rule, c: _Chunk, dtype) -> torch.Tensor:
     """(B, H, rows, cols) scores with the bias added and disallowed pairs at -inf; with a remap's views,
     each pair scored by the view whose band holds its distance; with per-token terms qt (B, H, rows) and
     kt (B, H, cols), qt_i - kt_j added, the difference taken in float64 and rounded once."""
+    q, k, qp, kp = c.q, c.k, c.qp, c.kp
     if rule.bands is None:
-        s = _grouped_qk(q, k) * rule.scale
+        s = grouped_qk(q, k) * rule.scale
     else:
         s = q.new_zeros(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
         inside = _view_masks(rule, qp, kp)
         for qv, kv, band in zip(_views(q, len(inside)), _views(k, len(inside)), inside, strict=True):
-            s = torch.where(band, _grouped_qk(qv, kv) * rule.scale, s)
+            s = torch.where(band, grouped_qk(qv, kv) * rule.scale, s)
     if rule.bias is not None:
         s = s + rule.bias.tile(qp, kp).to(dtype)
-    if qt is not None:
-        s = s + (qt[..., :, None] - kt[..., None, :]).to(dtype)
-    if rel is not None:
-        s = s + banded_term(rel, rule.table, qp, kp).to(dtype)
-    return s.masked_fill(~ok, -math.inf)
+    if c.qt is not None:
+        s = s + (c.qt[..., :, None] - c.kt[..., None, :]).to(dtype)
+    if c.rel is not None:
+        s = s + banded_term(c.rel, rule.table, qp, kp).to(dtype)
+    if rule.relative is not None:
+        s = s + _relative_term(rule, c, q, k, rule.relative.parameters_for_block()).to(dtype)
+    return s.masked_fill(~c.ok, -math.inf)
 
 
 def _select(keys: Keys, cols):
-    """(k, v, positions, term) of the chosen key columns (all when ``cols`` is None)."""
+    """(k, v, positions, term, indices) of the chosen key columns (all when ``cols`` is None)."""
     if cols is None:
-        return keys.k, keys.v, keys.position, keys.term
+        return keys.k, keys.v, keys.position, keys.term, keys.index
     term = None if keys.term is None else keys.term.index_select(2, cols)
     return (
         keys.k.index_select(2, cols),
         keys.v.index_select(2, cols),
         keys.position.index_select(0, cols),
         term,
+        keys.index.index_select(0, cols),
     )
 
 
 def _visible_chunks(rule: Rule, queries: Queries, keys: Keys):
-    """(rows, mask (rows, cols), the chosen columns or None for all, (k, v, positions, term) of them) for
-    each chunk of query rows that sees some key."""
+    """(rows, mask (rows, cols), the chosen columns or None for all, (k, v, positions, term, indices) of
+    them) for each chunk of query rows that sees some key."""
     for rows in _chunks(queries, keys):
         qd = None if queries.document is None else queries.document[rows]
         ok = rule.allowed(queries.index[rows], keys.index, qd, keys.document)
@@ -257,19 +323,42 @@ def block_forward(rule: Rule, queries: Queries, keys: Keys):
             )
             out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, l_.to(dtype))
         return out, lse
-    for rows, ok, _cols, (k, v, kp, kt) in _visible_chunks(rule, queries, keys):
+    for rows, ok, _cols, selected in _visible_chunks(rule, queries, keys):
+        k, v, kp = selected[:3]
         if rule.flash(queries.q, keys.v):
             o, chunk_lse = _flash_forward(rule, queries.q[:, :, rows], k, v, ok, queries.position[rows], kp)
             out[:, :, rows], lse[:, :, rows] = o, chunk_lse
             continue
-        qt = None if queries.term is None else queries.term[:, :, rows]
-        rel = None if queries.rel is None else queries.rel[:, :, rows]
-        s = _scores(rule, queries.q[:, :, rows], k, ok, queries.position[rows], kp, dtype, qt, kt, rel)
+        c = _chunk(queries, rows, ok, selected)
+        s = _scores(rule, c, dtype)
         chunk_lse = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - _finite(chunk_lse)[..., None])
-        out[:, :, rows] = _grouped_pv(p, v)
+        out[:, :, rows] = grouped_pv(p, v)
+        if rule.shaw:  # the values' a^V_{c(j - i)}: the probabilities summed per clipped distance, times a^V
+            out[:, :, rows] += shaw_value_term(p, rule.relative.value_table, rule.relative.rows(c.qp, kp))
         lse[:, :, rows] = chunk_lse
     return out, lse
+
+
+def block_gate_totals(rule: Rule, queries: Queries, keys: Keys, totals) -> None:
+    """CoPE's first pass: adds each query's gates against these keys per run of keys into ``totals``
+    (B, H, m, runs) (:mod:`.relative`)."""
+    for rows, ok, _cols, selected in _visible_chunks(rule, queries, keys):
+        gates = cope_gates(queries.q[:, :, rows], selected[0], ok, rule.scale)
+        gate_totals(gates, run_ids(rule.runs, selected[4]), totals[:, :, rows])
+
+
+def block_count_gradients(rule: Rule, queries: Queries, keys: Keys, dout, delta, lse, params, d_counts):
+    """CoPE's first backward pass: adds the gradients of the queries' counts (B, H, m, runs) through
+    this block's pairs into ``d_counts``."""
+    for rows, ok, _cols, selected in _visible_chunks(rule, queries, keys):
+        c = _chunk(queries, rows, ok, selected)
+        _p, ds = _score_gradients(rule, c, dout[:, :, rows], delta[:, :, rows], lse[:, :, rows], params, None)
+        with torch.enable_grad():
+            counts = c.counts.detach().requires_grad_(True)
+            bias = cope_term(c.q, c.k, params[0], counts, ok, run_ids(rule.runs, c.ki), rule.scale)[0]
+            (found,) = torch.autograd.grad(bias, counts, ds.to(bias.dtype))
+        d_counts[:, :, rows] += found
 
 
 def _expanded(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -303,20 +392,6 @@ def _flash_forward(rule: Rule, q, k, v, ok, qp, kp):
 def _finite(lse: torch.Tensor) -> torch.Tensor:
     """lse with -inf rows (nothing visible) as 0, so exp(s - lse) is 0 there instead of NaN."""
     return torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-
-
-def _grouped_dk(ds, q, hk: int):
-    """(B, Hk, cols, D): dS^T Q summed over each kv head's query heads (also dV = P^T dO)."""
-    b, h, rows, n = ds.shape
-    g = h // hk
-    return torch.einsum("bkgmn,bkgmd->bknd", ds.view(b, hk, g, rows, n), q.view(b, hk, g, rows, -1))
-
-
-def _grouped_pv(p, v):
-    """(B, H, rows, D): P V, each query head against its kv head (also dQ = dS K)."""
-    b, h, rows, n = p.shape
-    hk = v.shape[1]
-    return torch.einsum("bkgmn,bknd->bkgmd", p.view(b, hk, h // hk, rows, n), v).reshape(b, h, rows, -1)
 
 
 def merge(out, lse, out_b, lse_b):
@@ -381,21 +456,23 @@ def block_backward(
     out=None,
     terms=None,
     rels=None,
+    gates=None,
 ):
     """Adds this block's gradients into dq (B, H, m, D), dk, dv (B, Hk, n, .), the bias parameters'
     ``grads`` and, with per-token terms, ``terms`` = (d query terms (B, H, m), d key terms (B, H, n)); with
-    the banded bias, ``rels`` = (d r (B, H, m, d_rel),) and P's gradient into ``grads[0]``.
+    the banded bias, ``rels`` = (d r (B, H, m, d_rel),) and P's gradient into ``grads[0]``; with Shaw's or
+    CoPE's term, their tables' gradients into ``grads``, CoPE's taking ``gates`` (B, H, m, runs), the
+    gradients of each query's gate total per run (from :func:`block_count_gradients` over the ring).
     ``lse`` is the final (all keys) log-sum-exp, ``delta`` = rowsum(dout * out) - dlse; ``out`` the final
     output, given when the log-sum-exp had no gradient (dlse = 0): then the flash kernel's backward, which
     forms rowsum(dout * out) itself, may run the block."""
     hk = keys.k.shape[1]
-    dtype = queries.q.dtype
     pairs = _run_pairs(rule, queries, keys) if out is not None and rule.flash(queries.q, keys.v) else None
     if pairs is not None:
         _run_pairs_backward(queries, keys, pairs, rule.scale, dout, out, lse, dq, dk, dv)
         return
-    for rows, ok, cols, (k, v, kp, kt) in _visible_chunks(rule, queries, keys):
-        q, qp = queries.q[:, :, rows], queries.position[rows]
+    for rows, ok, cols, selected in _visible_chunks(rule, queries, keys):
+        q, qp, (k, v, kp) = queries.q[:, :, rows], queries.position[rows], selected[:3]
         if out is not None and rule.flash(q, v):
             dq_b, dk_b, dv_b = _flash_chunk_backward(
                 rule, q, k, v, ok, qp, kp, dout[:, :, rows], out[:, :, rows], lse[:, :, rows]
@@ -403,25 +480,62 @@ def block_backward(
             dq[:, :, rows] += dq_b
             _add_columns(dk, dv, dk_b, dv_b, cols)
             continue
-        qt = None if queries.term is None else queries.term[:, :, rows]
-        rel = None if queries.rel is None else queries.rel[:, :, rows]
-        s = _scores(rule, q, k, ok, qp, kp, dtype, qt, kt, rel)
-        p = torch.exp(s - _finite(lse[:, :, rows])[..., None])
+        c = _chunk(queries, rows, ok, selected)
         do = dout[:, :, rows]
-        dp = _grouped_qk(do, v)
-        ds = p * (dp - delta[:, :, rows, None])
+        p, ds = _score_gradients(rule, c, do, delta[:, :, rows], lse[:, :, rows], params, grads)
         dq_b, dk_b = _qk_gradients(rule, ds, q, k, qp, kp)
+        if rule.relative is not None:
+            d_gates = None if gates is None else gates[:, :, rows]
+            dq_r, dk_r = _relative_gradients(rule, c, ds, params, grads, d_gates)
+            dq_b = dq_b + dq_r
+            dk_b = dk_b if dk_r is None else dk_b + dk_r
         dq[:, :, rows] += dq_b
-        dv_b = _grouped_dk(p, do, hk)
-        _add_columns(dk, dv, dk_b, dv_b, cols)
+        _add_columns(dk, dv, dk_b, grouped_dk(p, do, hk), cols)
         if terms is not None:  # d(term_i - term_j): +dS summed over a row, -dS over a column
             dqt, dkt = terms
             dqt[:, :, rows] += ds.sum(-1).to(dqt.dtype)
             _add_columns(dkt, None, -ds.sum(-2).to(dkt.dtype), None, cols)
-        if rel is not None:
-            _banded_gradients(rule, rel, qp, kp, ds, rels[0][:, :, rows], params, grads)
-        elif params:
+        if c.rel is not None:
+            _banded_gradients(rule, c.rel, qp, kp, ds, rels[0][:, :, rows], params, grads)
+        elif params and rule.relative is None:
             _bias_gradients(rule, qp, kp, ds, params, grads)
+
+
+def _score_gradients(rule: Rule, c: _Chunk, do, delta, lse, params, grads):
+    """(P, dS) of a chunk, recomputed from the final log-sum-exp; with Shaw's value term, dP_ij gains
+    dO_i . a^V_{c(j - i)} and a^V's gradient (P summed per distance, times dO) goes into ``grads[1]``."""
+    s = _scores(rule, c, c.q.dtype)
+    p = torch.exp(s - _finite(lse)[..., None])
+    dp = grouped_qk(do, c.v)
+    if rule.shaw:
+        rows = rule.relative.rows(c.qp, c.kp)
+        dp = dp + shaw_key_term(do, params[1], rows, 1.0)
+        if grads is not None:
+            with torch.enable_grad():
+                table = params[1].detach().requires_grad_(True)
+                (found,) = torch.autograd.grad(shaw_value_term(p, table, rows), table, do)
+            grads[1] += found
+    return p, p * (dp - delta[..., None])
+
+
+def _relative_gradients(rule: Rule, c: _Chunk, ds, params, grads, d_gates):
+    """(dq, dk or None) of a chunk's Shaw or CoPE score term, and its table's gradient into ``grads[0]``;
+    CoPE's gates also take ``d_gates`` (B, H, rows, runs), the gradients of their run totals."""
+    with torch.enable_grad():
+        q = c.q.detach().requires_grad_(True)
+        k = c.k.detach().requires_grad_(not rule.shaw)
+        table = params[0].detach().requires_grad_(True)
+        if rule.shaw:
+            term = _relative_term(rule, c, q, k, (table,))
+            dq, found = torch.autograd.grad(term, (q, table), ds.to(term.dtype))
+            grads[0] += found
+            return dq, None
+        ids = run_ids(rule.runs, c.ki)
+        bias, gate = cope_term(q, k, table, c.counts, c.ok, ids, rule.scale)
+        to_gates = d_gates.gather(-1, ids.clamp(min=0).expand(*gate.shape[:-1], ids.shape[0]))
+        dq, dk, found = torch.autograd.grad((bias, gate), (q, k, table), (ds.to(bias.dtype), to_gates))
+        grads[0] += found
+        return dq, dk
 
 
 def _flash_chunk_backward(rule: Rule, q, k, v, ok, qp, kp, dout, out, lse):
@@ -454,13 +568,13 @@ def _qk_gradients(rule: Rule, ds, q, k, qp, kp):
     """(dq, dk) of a chunk from its score gradients dS; with a remap's views, each view's share of dS."""
     hk = k.shape[1]
     if rule.bands is None:
-        return rule.scale * _grouped_pv(ds, k), rule.scale * _grouped_dk(ds, q, hk)
+        return rule.scale * grouped_pv(ds, k), rule.scale * grouped_dk(ds, q, hk)
     n = len(rule.bands)
     dq_v, dk_v = [], []
     for qv, kv, band in zip(_views(q, n), _views(k, n), _view_masks(rule, qp, kp), strict=True):
         ds_v = ds * band
-        dq_v.append(_grouped_pv(ds_v, kv))
-        dk_v.append(_grouped_dk(ds_v, qv, hk))
+        dq_v.append(grouped_pv(ds_v, kv))
+        dk_v.append(grouped_dk(ds_v, qv, hk))
     return rule.scale * torch.cat(dq_v, dim=-1), rule.scale * torch.cat(dk_v, dim=-1)
 
 

@@ -24,9 +24,21 @@ import torch
 from .. import _checks
 from ..bias.banded import BandedBias
 from ..bias.base import ScoreBias
+from ..bias.cope import CoPE
 from ..bias.forget import ForgetBias
+from ..bias.shaw import ShawRelative
 from ..rope.protocol import is_rotary
-from .blocks import Keys, Queries, Rule, block_backward, block_forward, merge
+from .blocks import (
+    Keys,
+    Queries,
+    Rule,
+    block_backward,
+    block_count_gradients,
+    block_forward,
+    block_gate_totals,
+    merge,
+)
+from .relative import earlier_runs, later_runs, run_starts
 
 __all__ = ["ProcessRing", "VirtualRing", "ring_attention", "virtual_ring_attention"]
 
@@ -181,16 +193,18 @@ class _RingFunction(torch.autograd.Function):
         outs = [None] * n_local
         lses = [None] * n_local
         parcels = [_keys_parcel(kk) for kk in keys]
-        for step in range(ring.world_size):
-            pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
-            for j, query in enumerate(queries):
-                out_b, lse_b = block_forward(rule, query, _keys_from(parcels[j], documents, rule.decay))
-                if outs[j] is None:
-                    outs[j], lses[j] = out_b, lse_b
-                else:
-                    outs[j], lses[j] = merge(outs[j], lses[j], out_b, lse_b)
-            if pending is not None:
-                parcels = pending.wait()
+        ctx.counts = _cope_counts(ring, rule, queries, parcels, documents)
+        for query, counts in zip(queries, ctx.counts, strict=True):
+            query.counts = counts
+
+        def visit(j, keys_b):
+            out_b, lse_b = block_forward(rule, queries[j], keys_b)
+            if outs[j] is None:
+                outs[j], lses[j] = out_b, lse_b
+            else:
+                outs[j], lses[j] = merge(outs[j], lses[j], out_b, lse_b)
+
+        _walk(ring, parcels, documents, rule.decay, visit)
         ctx.ring, ctx.rule, ctx.meta, ctx.n_local, ctx.n_params = ring, rule, meta, n_local, n_params
         ctx.set_materialize_grads(False)  # an unused log-sum-exp's gradient stays None: the flash backward
         ctx.save_for_backward(*qs, *ks, *vs, *outs, *lses, *tensors[3 * n_local :])
@@ -206,12 +220,15 @@ class _RingFunction(torch.autograd.Function):
         douts = [torch.zeros_like(o) if g is None else g for o, g in zip(outs, grads[:n], strict=True)]
         dlses = [torch.zeros_like(lse) if g is None else g for lse, g in zip(lses, grads[n:], strict=True)]
         documents = meta[0][2] is not None
-        queries = [Queries(q, *m, t, r) for q, m, t, r in zip(qs, meta, terms, rels, strict=True)]
+        queries = [
+            Queries(q, *m, t, r, c) for q, m, t, r, c in zip(qs, meta, terms, rels, ctx.counts, strict=True)
+        ]
         d_rels = [None if r is None else torch.zeros_like(r) for r in rels]
         deltas = [(do * o).sum(-1) - dl for do, o, dl in zip(douts, outs, dlses, strict=True)]
         dqs = [torch.zeros_like(q) for q in qs]
         param_grads = [torch.zeros_like(p) for p in params]
         parcels = [_keys_parcel(Keys(k, v, *m, t)) for k, v, m, t in zip(ks, vs, meta, terms, strict=True)]
+        d_gates = _cope_gate_gradients(ring, rule, queries, parcels, documents, (douts, deltas, lses), params)
         # what travels with each shard and comes home: its dK, dV (and the gradient of its key terms)
         travelling = [
             (torch.zeros_like(k), torch.zeros_like(v), *(() if t is None else (torch.zeros_like(t),)))
@@ -237,6 +254,7 @@ class _RingFunction(torch.autograd.Function):
                     out=None if grads[n + j] is not None else outs[j],  # dlse = 0: flash may run it
                     terms=None if dterms[j] is None else (dterms[j], travelling[j][2]),
                     rels=None if d_rels[j] is None else (d_rels[j],),
+                    gates=d_gates[j],
                 )
             travelling = ring.start_shift(travelling).wait() if ring.world_size > 1 else travelling
             if pending is not None:
@@ -246,6 +264,49 @@ class _RingFunction(torch.autograd.Function):
         d_terms = [dt + t[2] for dt, t in zip(dterms, travelling, strict=True)] if rule.decay else []
         d_rels = d_rels if rule.table is not None else []
         return (None, None, None, None, None, *dqs, *dks, *dvs, *d_terms, *d_rels, *param_grads)
+
+
+def _walk(ring, parcels: list, documents: bool, decay: bool, visit) -> None:
+    """One pass of the keys round the ring: ``visit(j, keys)`` for each local rank j and every shard in
+    turn, the next shard in flight meanwhile."""
+    for step in range(ring.world_size):
+        pending = ring.start_shift(parcels) if step < ring.world_size - 1 else None
+        for j, parcel in enumerate(parcels):
+            visit(j, _keys_from(parcel, documents, decay))
+        if pending is not None:
+            parcels = pending.wait()
+
+
+def _cope_counts(ring, rule: Rule, queries: list, parcels: list, documents: bool) -> list:
+    """Each local rank's CoPE counts (B, H, m, runs), the gates of the runs after each run, from a first
+    pass of the keys; None each without CoPE."""
+    if rule.relative is None or rule.shaw:
+        return [None] * len(queries)
+    totals = [query.q.new_zeros(*query.q.shape[:3], rule.runs.shape[0]) for query in queries]
+    _walk(
+        ring,
+        parcels,
+        documents,
+        rule.decay,
+        lambda j, keys: block_gate_totals(rule, queries[j], keys, totals[j]),
+    )
+    return [later_runs(t) for t in totals]
+
+
+def _cope_gate_gradients(ring, rule: Rule, queries: list, parcels: list, documents: bool, final, params):
+    """Each local rank's gradients of its queries' gate totals per run (B, H, m, runs), from a first
+    backward pass of the keys taking the counts' gradients; None each without CoPE. ``final``: the
+    (douts, deltas, lses) of every local rank."""
+    if rule.relative is None or rule.shaw:
+        return [None] * len(queries)
+    douts, deltas, lses = final
+    d_counts = [torch.zeros_like(query.counts) for query in queries]
+
+    def visit(j, keys):
+        block_count_gradients(rule, queries[j], keys, douts[j], deltas[j], lses[j], params, d_counts[j])
+
+    _walk(ring, parcels, documents, rule.decay, visit)
+    return [earlier_runs(d) for d in d_counts]
 
 
 def _check_shards(q, k, v, indices, name=""):
@@ -296,16 +357,21 @@ def _check_terms(bias, remap, rotary, window, causal, positions_1d: bool):
                 f"remap={remap!r} is causal, without a bias, at 1-D positions (the global indices); got "
                 f"causal={causal}, bias={type(bias).__name__}"
             )
-    if isinstance(bias, (ForgetBias, BandedBias)):
+    if isinstance(bias, (ForgetBias, BandedBias, CoPE)):
         if not causal:
             raise ValueError(f"a {type(bias).__name__} works with causal attention only, got causal=False")
-    elif bias is not None and not isinstance(bias, ScoreBias):
+    elif bias is not None and not isinstance(bias, (ScoreBias, ShawRelative)):
         raise ValueError(
             "ring attention takes a score bias (ALiBi, T5Bias, KerpleBias, SandwichBias, FireBias), FoX's "
-            "ForgetBias, the banded bias (BandedBias) or None; Shaw's and CoPE's content biases and bias "
-            f"tensors are not supported across ranks, got {type(bias).__name__}"
+            "ForgetBias, the banded bias (BandedBias), ShawRelative, CoPE or None; bias tensors are not "
+            f"supported across ranks (a mask: document_ids=, window=), got {type(bias).__name__}"
         )
-    if isinstance(bias, ScoreBias) and not positions_1d:
+    if isinstance(bias, (ShawRelative, CoPE)) and window is not None:
+        raise ValueError(
+            f"a {type(bias).__name__} takes no window across ranks (posenc.attention has no windowed form "
+            f"of it to agree with), got window={window!r}"
+        )
+    if isinstance(bias, (ScoreBias, ShawRelative)) and not positions_1d:
         raise ValueError("a score bias needs 1-D positions (its distances); got multi-axis positions")
     if window is not None:
         window = _checks.positive_int("window", window)
@@ -391,8 +457,7 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
     decay, banded = isinstance(bias, ForgetBias), isinstance(bias, BandedBias)
     terms = _decay_terms(ring, [b.log_forget for b in biases], qs, indices) if decay else []
     rels = _banded_states(biases, qs) if banded else []
-    table = bias.rel_table if banded else None
-    rule = Rule(causal, window, None if decay or banded else bias, scale, bands, decay, table)
+    rule = _rule(ring, bias, causal, window, scale, bands, indices, qs, vs)
     bias_positions = [
         p if p.dim() == 1 else ix.clamp(min=0) for p, ix in zip(positions, indices, strict=True)
     ]
@@ -401,7 +466,8 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
         for ix, bp, d in zip(indices, bias_positions, documents, strict=True)
     ]
     params = [] if rule.bias is None else [p for p in rule.bias.parameters() if p.requires_grad]
-    params = [table] if banded else params
+    params = [rule.table] if banded else params
+    params = list(rule.relative.parameters_for_block()) if rule.relative is not None else params
     n = len(qs)
     results = _RingFunction.apply(
         ring, rule, meta, n, len(params), *[t.to(work) for t in (*qs, *ks, *vs)], *terms, *rels, *params
@@ -410,6 +476,25 @@ def _run(ring, qs, ks, vs, indices, positions, documents, rotary, bias, causal, 
     if sinks is not None:
         outs = [_with_sinks(o, lse, sinks) for o, lse in zip(outs, lses, strict=True)]
     return [o.to(dtype) for o in outs]
+
+
+def _rule(ring, bias, causal, window, scale, bands, indices, qs, vs) -> Rule:
+    """The pairs that meet and the terms they add; Shaw's and CoPE's tables checked against the shards,
+    and CoPE given the runs of keys of the whole ring (one all-gather of the indices)."""
+    decay, banded = isinstance(bias, ForgetBias), isinstance(bias, BandedBias)
+    relative = bias if isinstance(bias, (ShawRelative, CoPE)) else None
+    runs = None
+    if relative is not None:
+        name = type(relative).__name__
+        want = (("q", qs[0], relative.head_dim), ("v", vs[0], getattr(relative, "v_dim", None)))
+        for arg, t, dim in want:
+            if dim is not None and t.shape[-1] != dim:
+                raise ValueError(f"{arg} has last dimension {t.shape[-1]}, but {name} was built for {dim}")
+    if isinstance(bias, CoPE):
+        runs = run_starts(ring.gather([ix.to(qs[0].device) for ix in indices]))
+    table = bias.rel_table if banded else None
+    plain = None if decay or banded or relative is not None else bias
+    return Rule(causal, window, plain, scale, bands, decay, table, relative, runs)
 
 
 def _banded_states(biases: list, qs: list) -> list:
@@ -509,7 +594,10 @@ def ring_attention(
             (batch, heads, n)): the gates are gathered, summed in global order (float64), and query i and
             key j add sum_{l = j+1 .. i} log f_l; causal. Or Inkling's :class:`~posenc.BandedBias` of this
             rank's r (batch, heads, n, d_rel) with the layer's table P: r_i . P[:, i - j] in the band;
-            causal; P's gradient is this rank's share.
+            causal; P's gradient is this rank's share. Or Shaw et al.'s :class:`~posenc.ShawRelative` (a^K and
+            a^V at each pair's clipped global distance) or a :class:`~posenc.CoPE` (causal; its positions
+            count gates over keys on every rank: extra passes of the ring, :mod:`posenc.parallel.relative`),
+            one module shared by the ranks, its tables' gradients this rank's share; no window with either.
         causal: a query sees keys at indices <= its own.
         window: a query sees keys at index distance < window (both sides when not causal).
         scale: score scale, default 1/sqrt(head_dim).
