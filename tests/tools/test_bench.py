@@ -292,12 +292,30 @@ def test_peers_rows_compare_posenc_with_each_peer_that_agrees(monkeypatch):
     for direction in ("forward", "forward+backward"):
         assert {(direction, "transformers"), (direction, "transformers compiled")} <= timed
     assert ("forward", "posenc out of place") in timed
+    assert {("forward", "posenc torch kernels"), ("forward+backward", "posenc torch kernels")} <= timed
     (skipped,) = [r for r in rows if "skipped" in r]
     assert skipped["peer"] == "off by one" and "differs from posenc by" in skipped["skipped"]
     for r in rows:
         if "skipped" not in r:
             assert r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"] and r["max_abs_diff_float64"] < 1e-5
     assert "transformers compiled" in peers.peers_table(rows)
+
+
+def test_a_busy_neighbour_spins_while_inside_and_is_ended_on_the_way_out():
+    from posenc.tools.benchmarks.timing import busy_neighbour
+
+    with pytest.raises(RuntimeError, match="inside"), busy_neighbour() as child:
+        assert child.poll() is None  # running
+        raise RuntimeError("inside")
+    assert child.poll() is not None
+
+
+def test_vllm_is_a_peer_only_where_its_library_loads(monkeypatch, tmp_path):
+    from posenc.tools.benchmarks import peers
+
+    monkeypatch.setenv("POSENC_VLLM_CPU_LIBRARY", str(tmp_path / "missing.so"))
+    assert peers.vllm_rotary() is None
+    assert peers.VLLM not in peers._peers("half", 8, 0, 4, torch.float32)
 
 
 def test_crossover_rows_time_both_cpu_paths_of_every_table_and_tile_bias():

@@ -125,11 +125,11 @@ _NATIVE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 def _native_fits(xs, cos: torch.Tensor | None) -> bool:
     """The NATIVE row: CPU tensors of one supported dtype, unit last stride, 2-8 dimensions, op loaded."""
     dtype = xs[0].dtype
-    for x in xs:
-        if x.device.type != "cpu" or x.dtype != dtype or x.stride(-1) != 1 or not 2 <= x.dim() <= 8:
-            return False
-    if dtype not in _NATIVE_DTYPES or (cos is not None and cos.device.type != "cpu"):
+    if dtype not in _NATIVE_DTYPES or (cos is not None and not cos.is_cpu):
         return False
+    for x in xs:  # spelled out: a decode step pays for every attribute read here
+        if not x.is_cpu or x.dtype != dtype or x.stride(-1) != 1 or not 2 <= x.dim() <= 8:
+            return False
     return native.available()
 
 
@@ -210,9 +210,13 @@ _CPU_KERNELS = {Path.COMPLEX: rotate_complex, Path.WHOLE: rotate_whole, Path.BLO
 def _run_native(xs, cos, sin, layout: str, conjugate: bool, inplace: bool):
     """One call of the compiled op for every tensor of xs; tables in the work dtype, on the CPU."""
     work = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
+    if cos.dtype != work:  # a no-op .to still costs a microsecond, a tenth of a decode step here
+        cos, sin = cos.to(work), sin.to(work)
+    if cos.stride(-1) != 1 or sin.stride(-1) != 1:  # the op reads table rows as contiguous runs
+        cos, sin = cos.contiguous(), sin.contiguous()
     outs = xs if inplace else tuple(map(empty_output, xs))
-    native.rotary(xs, outs, cos.to(work), sin.to(work), layout == "interleaved", conjugate)
-    return tuple(outs)
+    native.rotary(xs, outs, cos, sin, layout == "interleaved", conjugate)
+    return outs
 
 
 def check_inplace(xs) -> None:

@@ -143,13 +143,17 @@ class Rotary(nn.Module):
         path = None
         if self.decodes_from_rows and positions is None and k_positions is None and _unset(options):
             # a default call's tables are rows of consecutive positions: the path can be chosen before
-            # anything is placed or looked up, so a decode step takes memoised rows instead
+            # anything is looked up, so a decode step takes memoised rows instead; placed here, as place()
+            # would place it (a static schedule), without checking q and k twice
             check_pair(self, q, k, inplace)
+            _checks.offset(offset)
             path = choose_path((q, k), self.layout, rows=True, inplace=inplace)
             if path is Path.SMALL:
                 rows = self.rows(q, k, offset)
                 return run(path, (q, k), None, None, self.layout, inplace=inplace, rows=rows)
-        at = self.place(q, k, positions, k_positions, offset, options)
+            at = Placement(None, offset + max(k.shape[-2] - q.shape[-2], 0), None, offset, options)
+        else:
+            at = self.place(q, k, positions, k_positions, offset, options)
         if inplace:
             check_distinct(q, k, inplace)
         if self.shared_tables and at.k is at.q and q.shape[-2] == k.shape[-2]:  # one table serves both

@@ -100,4 +100,10 @@ def rotary(xs, outs, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, co
     cos, sin: (..., seq, rotary_dim/2), float32 (float64 for float64 x), broadcastable against each x's
     leading dimensions; ``conjugate`` rotates by -theta. Arithmetic float32 (float64), one rounding.
     """
-    torch.ops.posenc.rotary(list(xs), list(outs), cos, sin, interleaved, conjugate)
+    _op()(xs, outs, cos, sin, interleaved, conjugate)
+
+
+@functools.cache
+def _op():
+    # the overload itself: calling the packet resolves it again on every call (a microsecond or two)
+    return torch.ops.posenc.rotary.default

@@ -218,23 +218,34 @@ Job make_job(const at::Tensor& x, const at::Tensor& out, const at::Tensor& cos, 
   const auto work = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   TORCH_CHECK(cos.scalar_type() == work && sin.scalar_type() == work, "posenc::rotary: tables must be ", work,
               " for ", x.scalar_type(), " x");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  shape.push_back(half);
+  TORCH_CHECK(cos.stride(-1) == 1 && sin.stride(-1) == 1, "posenc::rotary: tables need a unit last stride");
   Job job;
   job.x = x;
   job.out = out;
-  job.cos = cos.stride(-1) == 1 ? cos.expand(shape) : cos.contiguous().expand(shape);
-  job.sin = sin.stride(-1) == 1 ? sin.expand(shape) : sin.contiguous().expand(shape);
+  job.cos = cos;
+  job.sin = sin;
   job.head_dim = x.size(-1);
   job.half = half;
   job.rows = 1;
   RowWalk& walk = job.walk;
   walk.dims = int(x.dim()) - 1;
-  const at::Tensor* parts[4] = {&job.x, &job.out, &job.cos, &job.sin};
+  // the tables broadcast against x's leading dimensions, aligned from the right (stride 0 where they are 1
+  // or missing): strides read off directly, no expanded tensor made per call
+  const int64_t lead = cos.dim() - 1;
+  TORCH_CHECK(lead <= walk.dims, "posenc::rotary: tables ", cos.sizes(), " have more dimensions than x ", x.sizes());
   for (int d = 0; d < walk.dims; ++d) {
     walk.size[d] = x.size(d);
     job.rows *= x.size(d);
-    for (int t = 0; t < 4; ++t) walk.stride[t][d] = parts[t]->stride(d);
+    walk.stride[0][d] = x.stride(d);
+    walk.stride[1][d] = out.stride(d);
+    const int64_t t = d - (walk.dims - lead);  // the tables' matching dimension, if any
+    for (int which = 0; which < 2; ++which) {
+      const at::Tensor& table = which == 0 ? cos : sin;
+      const bool broadcast = t < 0 || table.size(t) == 1;
+      TORCH_CHECK(broadcast || table.size(t) == x.size(d), "posenc::rotary: tables ", table.sizes(),
+                  " do not broadcast against x ", x.sizes());
+      walk.stride[2 + which][d] = broadcast ? 0 : table.stride(t);
+    }
   }
   return job;
 }

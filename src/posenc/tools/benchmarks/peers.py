@@ -261,27 +261,34 @@ def bench_case(kind: str, shape, start: int, dtype, layout: str, repeat: int) ->
     for direction, cases in (("forward", forward), ("forward+backward", both)):
         with torch.no_grad() if direction == "forward" else torch.enable_grad():
             times = interleaved_times(cases, repeat)
-        for name in cases:
-            if name == "posenc":
-                continue
-            mine, theirs = (name, "posenc") if name == "posenc in place" else ("posenc", name)
-            if name in IN_PLACE_PEERS:
-                mine = "posenc in place"
-            q1, median, q3 = _ratios(times[mine], times[theirs])
-            rows.append(
-                {
-                    **base,
-                    "direction": direction,
-                    "peer": "posenc out of place" if name == "posenc in place" else name,
-                    "case": mine,
-                    "posenc_ms": statistics.median(times[mine]) * 1e3,
-                    "peer_ms": statistics.median(times[theirs]) * 1e3,
-                    "ratio": median,
-                    "ratio_q1": q1,
-                    "ratio_q3": q3,
-                    "max_abs_diff_float64": agree.get(name, 0.0),
-                }
-            )
+        rows.extend(_timed_rows({**base, "direction": direction}, times, agree))
+    return rows
+
+
+def _timed_rows(base: dict, times: dict[str, list[float]], agree: dict[str, float]) -> list[dict]:
+    """One row per case but posenc's own: posenc's time over the case's (the in-place call's over the
+    out-of-place one's; posenc in place against a peer that writes in place), median and quartiles."""
+    rows = []
+    for name in times:
+        if name == "posenc":
+            continue
+        mine, theirs = (name, "posenc") if name == "posenc in place" else ("posenc", name)
+        if name in IN_PLACE_PEERS:
+            mine = "posenc in place"
+        q1, median, q3 = _ratios(times[mine], times[theirs])
+        rows.append(
+            {
+                **base,
+                "peer": "posenc out of place" if name == "posenc in place" else name,
+                "case": mine,
+                "posenc_ms": statistics.median(times[mine]) * 1e3,
+                "peer_ms": statistics.median(times[theirs]) * 1e3,
+                "ratio": median,
+                "ratio_q1": q1,
+                "ratio_q3": q3,
+                "max_abs_diff_float64": agree.get(name, 0.0),
+            }
+        )
     return rows
 
 
