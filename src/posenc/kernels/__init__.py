@@ -5,8 +5,10 @@ float64 x), broadcastable against x's leading dimensions; returns x's dtype, dim
 unchanged. ``inplace=True`` writes into x (inference only: it refuses tensors that require grad).
 
 The path is chosen in one place, :func:`.dispatch.choose_path` (its module has the table); the kernels
-live beside it: :mod:`.rotary_torch` (CPU, and any device without Triton), :mod:`.rotary_triton` (CUDA,
-one launch for q and k), both under :class:`~.rotary_function.RotaryFunction` out of place.
+live beside it: :mod:`.native` (the compiled CPU op, one pass for q and k, built by ``make install``),
+:mod:`.rotary_torch` (CPU without the op, and any device without Triton), :mod:`.rotary_triton` (CUDA,
+one launch for q and k), all under :class:`~.rotary_function.RotaryFunction` out of place when autograd
+records.
 """
 
 from __future__ import annotations
