@@ -64,7 +64,19 @@ def expected_rows(settings):
     ]
 
 
-MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "reach", "copy_first", "copy_repeat", "passkey"]
+MEASURES = [
+    "ppl",
+    "ppl_past",
+    "ppl_sliding",
+    "gain",
+    "reach",
+    "copy_first",
+    "copy_repeat",
+    "recall",
+    "recall_ppl",
+    "recall_gain",
+    "passkey",
+]
 
 
 def test_compare_writes_results_json_with_the_exact_schema(compared):
