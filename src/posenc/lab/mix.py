@@ -154,7 +154,7 @@ def mix_help() -> str:
     return (
         "the training mix: shares of training windows made into tasks that only far context answers "
         f"(posenc.lab.mix), e.g. {_EXAMPLE}; tasks: {tasks}; the shares add up to at most 1, not beside "
-        "--copy-fraction or --passkey-fraction"
+        "--copy-fraction or --passkey-fraction (default: text only)"
     )
 
 
