@@ -78,6 +78,18 @@ from posenc.cli import main
             "passkey_fraction=0.5 needs train_len >= 35 (a passkey prompt and its answer in one training "
             "window); train_len is 16",
         ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--mix", "recall=0.7,copy=0.5"],
+            "mix='recall=0.7,copy=0.5': the shares add up to 1.2; they must add up to at most 1",
+        ),
+        (
+            ["train", "--encoding", "rope", "--out", "{tmp}/r", "--mix", "needle=0.1"],
+            "mix='needle=0.1': unknown task 'needle'; allowed: recall, copy, passkey",
+        ),
+        (
+            ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--mix", "passkey=0.1"],
+            "mix='passkey=0.1' needs train_len >= 35",
+        ),
         # recipes that would run nothing, or be silently ignored
         (
             ["compare", "--out", "{tmp}/c", "--preset", "tiny", "--recipes", "pi"],

@@ -64,7 +64,19 @@ def expected_rows(settings):
     ]
 
 
-MEASURES = ["ppl", "ppl_past", "ppl_sliding", "gain", "reach", "copy_first", "copy_repeat", "passkey"]
+MEASURES = [
+    "ppl",
+    "ppl_past",
+    "ppl_sliding",
+    "gain",
+    "reach",
+    "copy_first",
+    "copy_repeat",
+    "recall",
+    "recall_ppl",
+    "recall_gain",
+    "passkey",
+]
 
 
 def test_compare_writes_results_json_with_the_exact_schema(compared):
@@ -316,6 +328,21 @@ def test_passkey_flags_reach_the_training_and_the_report(compared, corpus_dir, t
     assert main(tiny_compare_args(again, corpus_dir, cache, schemes="alibi") + ["--passkey-trials", "0"]) == 0
     data = json.loads((again / "results.json").read_text())
     assert "passkey" not in data["results"][0] and "Passkey" not in (again / "results.md").read_text()
+
+
+def test_the_mix_reaches_the_training_the_provenance_and_the_recall_probe(compared, corpus_dir, tmp_path):
+    _, cache, _ = compared
+    args = tiny_compare_args(tmp_path, corpus_dir, cache, schemes="alibi")
+    assert main(args + ["--mix", "copy=0.25, recall=0.5"]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["provenance"]["settings"]["mix"] == "recall=0.5,copy=0.25"  # canonical
+    (row,) = data["results"]
+    assert set(row["recall"]) == set(row["recall_gain"]) == {str(n) for n in data["eval_lens"]}
+    assert row["recall_gain"]["16"] is None and row["recall_gain"]["32"] > 0
+    assert all(0 <= v <= 1 for v in row["recall"].values())
+    assert "trained with mix recall=0.5,copy=0.25" in (tmp_path / "results.md").read_text()
+    state = json.loads((tmp_path / "models" / "alibi" / "seed-0" / "run.json").read_text())
+    assert state["train"]["mix"] == "recall=0.5,copy=0.25"
 
 
 def test_a_finished_model_trained_with_other_settings_is_refused_not_reused(

@@ -182,6 +182,9 @@ def test_row_to_dict_is_the_json_row_of_eval_and_compare():
         "reach",
         "copy_first",
         "copy_repeat",
+        "recall",
+        "recall_ppl",
+        "recall_gain",
         "passkey",
         "note",
     ]
@@ -194,6 +197,9 @@ def test_row_to_dict_is_the_json_row_of_eval_and_compare():
         "reach": {},
         "copy_first": {},
         "copy_repeat": {},
+        "recall": {},
+        "recall_ppl": {},
+        "recall_gain": {},
         "passkey": {},
         "note": "why",
     }

@@ -132,7 +132,8 @@ class CompareOptions:
         "quick",
         choices=lambda: PRESETS,
         help="quick: <10 min on 2 CPU cores; standard: longer training, in-distribution perplexities "
-        "close, <40 min on 2 CPU cores; gpu: bigger, for --device cuda; tiny: seconds, for tests",
+        "close, <40 min on 2 CPU cores; gpu: bigger, for --device cuda; long: training length 512, 4 "
+        "layers of d 256, for --device cuda with --mix (docs/lab.md has its cost); tiny: seconds, for tests",
     )
     jobs: int | None = option(
         None,
@@ -160,6 +161,7 @@ COMPARE_FLAGS = (
     "protocols",
     "copy_fraction",
     "passkey_fraction",
+    "mix",
     "passkey_trials",
     "extend_steps",
     "extend_to",

@@ -194,7 +194,7 @@ def is_complete(out_dir: str | os.PathLike, steps: int) -> bool:
 def run_state(model_cfg: GPTConfig, train_cfg: TrainConfig, corpus: str) -> dict:
     """What a checkpoint must match to be resumed: model, optimisation and data."""
     train = asdict(train_cfg)
-    for optional in ("copy_fraction", "passkey_fraction", "seq_len", "init_from", "first_batch"):
+    for optional in ("copy_fraction", "passkey_fraction", "mix", "seq_len", "init_from", "first_batch"):
         if not train[optional]:
             del train[optional]  # the default: checkpoints written before the field existed still match
     return {"model": model_cfg.to_dict(), "train": train, "corpus": corpus}

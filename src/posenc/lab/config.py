@@ -30,6 +30,7 @@ from posenc.lab.encodings import (
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
 from posenc.lab.flags import like, option
+from posenc.lab.mix import check_mix_fits, check_training_mix, mix_help
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
@@ -133,6 +134,7 @@ class TrainConfig:
         help="share of training windows made into passkey prompts with their answer, so that the model "
         "learns retrieval inside the training length, 0..1; with the copy fraction at most 1 in all",
     )
+    mix: str | None = option(None, help=mix_help)
     # continuing a trained model (an extension recipe, posenc.lab.recipes):
     seq_len: int | None = None  # window length, default the model's max_len
     init_from: str | None = None  # a run or checkpoint directory whose weights start this run
@@ -144,6 +146,8 @@ class TrainConfig:
             check_int("seq_len", self.seq_len)
         check_int("first_batch", self.first_batch, minimum=0)
         check_mix(self.copy_fraction, self.passkey_fraction)
+        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
+        object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
         check_int("batch_size", self.batch_size)
         check_int("warmup", self.warmup, minimum=0)
         check_number("lr", self.lr, low=0, low_open=True, finite=True)
@@ -205,6 +209,7 @@ class Settings:
     probe_windows: int = like(EvalConfig, "probe_windows")
     copy_fraction: float = like(TrainConfig, "copy_fraction")
     passkey_fraction: float = like(TrainConfig, "passkey_fraction")
+    mix: str | None = like(TrainConfig, "mix")
     passkey_trials: int = like(EvalConfig, "passkey_trials")
     # extension by training (posenc.lab.recipes): each recipe continues the base model for extend_steps
     extend_to: int = option(
@@ -227,6 +232,8 @@ class Settings:
         check_int("seeds", self.seeds)
         object.__setattr__(self, "protocols", self.eval_config().protocols)  # checked, in report order
         check_mix(self.copy_fraction, self.passkey_fraction)
+        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
+        object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
         if self.passkey_fraction:
             least = passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1
             if self.train_len < least:
@@ -240,6 +247,7 @@ class Settings:
         check_choices("extensions", self.extensions, EXTENSIONS, empty_ok=True)
         check_lengths("eval_mults", self.eval_mults)
         check_int("train_len", self.train_len)
+        check_mix_fits(self.mix, self.train_len)
         if "temp" in self.extensions and "none" in self.schemes and self.train_len < 2:
             raise LabError(  # checked here, before any model trains (the extension would refuse it after)
                 f"extension 'temp' scales NoPE's scores by log(n) / log(train_len): it needs train_len >= 2, "
@@ -299,6 +307,7 @@ class Settings:
             seed=self.seed if seed is None else seed,
             copy_fraction=self.copy_fraction,
             passkey_fraction=self.passkey_fraction,
+            mix=self.mix,
         )
 
     def recipes_for(self, scheme: str) -> list[str]:
@@ -355,6 +364,22 @@ PRESET_OVERRIDES: dict[str, dict] = {
         d_model=384,
         eval_tokens=262144,
         ckpt_every=500,
+    ),
+    # Far context (a GPU, with --mix): L = 512 bytes holds about a dozen lines of code, and 4 layers of 8
+    # heads are deep enough for induction heads (two layers suffice: Olsson et al. 2022); evaluated to 8L,
+    # where the recall probe's distances end. Its cost, extrapolated from a measured step: docs/lab.md.
+    "long": dict(
+        train_len=512,
+        eval_mults=(1, 2, 4, 8),
+        steps=4000,
+        batch_size=32,
+        lr=1e-3,
+        warmup=200,
+        n_layer=4,
+        n_head=8,
+        d_model=256,
+        eval_tokens=65536,
+        ckpt_every=250,
     ),
 }
 PRESETS: dict[str, Settings] = {name: Settings(**kw) for name, kw in PRESET_OVERRIDES.items()}

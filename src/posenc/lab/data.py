@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from posenc.lab.errors import CorpusError
+from posenc.lab.mix import mix_rows
 from posenc.lab.passkey import passkey_rows
 
 # Bumped when the token format or the split rule changes, so stale caches are not reused.
@@ -243,6 +244,7 @@ def batch_at(
     seed: int,
     copy_fraction: float = 0.0,
     passkey_fraction: float = 0.0,
+    mix: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted.
 
@@ -256,6 +258,10 @@ def batch_at(
     with its answer built from its own bytes (:func:`posenc.lab.passkey.passkey_rows`); the two shares
     add up to at most 1. The draws come after the starts, so 0 and 0 give exactly the batches of before,
     and a copy share alone the batches it gave before the passkey share existed.
+
+    ``mix``: the training mix ``"recall=0.2,copy=0.2,passkey=0.05"`` (:func:`posenc.lab.mix.mix_rows`),
+    drawn after the starts too, so no mix gives exactly the batches of before; not beside the two shares
+    above (:func:`posenc.lab.mix.check_training_mix`).
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
@@ -279,6 +285,8 @@ def batch_at(
         if passkey_fraction > 0:
             keys = ~copies & (u < copy_fraction + passkey_fraction)
             window[keys] = passkey_rows(window[keys], gen)
+    if mix:
+        window, _ = mix_rows(window, mix, gen)
     return window[:, :-1], window[:, 1:]
 
 

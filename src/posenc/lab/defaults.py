@@ -41,6 +41,7 @@ SLIDING_TOKENS = 2048  # tokens the sliding protocol scores per length
 PROBE_WINDOWS = 48  # windows per length of the far-context-gain and copy probes
 PROBE_LAST = 32  # last tokens of each window the gain probe scores
 COPY_PROBE_MAX_MULT = 2  # the copy probe runs at lengths up to this multiple of the training length
+RECALL_PROBE_MAX_MULT = 8  # the recall probe too: its distances reach (n/2, n], up to 8L
 # `posenc eval` looks at one model interactively: fewer lengths and prompts than a comparison.
 EVAL_COMMAND_MULTS = (1, 2, 4, 8)
 

@@ -42,7 +42,7 @@ class EvalConfig:
     probe_windows: int = option(
         D.PROBE_WINDOWS,
         type=cli.count,
-        help="windows per length of the far-context-gain and copy probes; 0 skips them",
+        help="windows per length of the far-context-gain, copy and recall probes; 0 skips them",
     )
     passkey_trials: int = option(
         D.PASSKEY_TRIALS,

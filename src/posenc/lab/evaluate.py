@@ -44,6 +44,7 @@ from posenc.lab.passkey import (
     passkey_share,
 )
 from posenc.lab.probes import context_reach, copy_probe, far_context_gain, probe_windows
+from posenc.lab.recall import recall_batch, recall_scores
 
 __all__ = [
     "EXTENSIONS",
@@ -87,7 +88,8 @@ class Row:
 
     ``ppl``: the windows protocol; ``ppl_past``: its positions at or past the training length;
     ``ppl_sliding``: the sliding protocol (:mod:`posenc.lab.evaluate`'s docstring); ``gain``: far-context
-    gain; ``copy_first`` / ``copy_repeat``: the copy probe (:mod:`posenc.lab.probes`); ``passkey``: the
+    gain; ``copy_first`` / ``copy_repeat``: the copy probe (:mod:`posenc.lab.probes`); ``recall``,
+    ``recall_ppl``, ``recall_gain``: the recall probe (:mod:`posenc.lab.recall`); ``passkey``: the
     share of passkey prompts answered exactly (None where the length is too short for the prompt). A
     protocol that was not run leaves its dict empty.
     """
@@ -100,6 +102,9 @@ class Row:
     reach: dict[int, float | None] = field(default_factory=dict)
     copy_first: dict[int, float | None] = field(default_factory=dict)
     copy_repeat: dict[int, float | None] = field(default_factory=dict)
+    recall: dict[int, float | None] = field(default_factory=dict)
+    recall_ppl: dict[int, float | None] = field(default_factory=dict)
+    recall_gain: dict[int, float | None] = field(default_factory=dict)
     passkey: dict[int, float | None] = field(default_factory=dict)
     note: str | None = None
 
@@ -161,6 +166,7 @@ def perplexities(
                 )
                 if probe_windows:
                     _probes(row, run, losses, val, length, train_len, probe_windows, probe_last)
+                    _recall(row, model, val, length, train_len, probe_windows)
                 if passkey_trials:
                     row.passkey[length] = passkey_share(model, val, length, passkey_trials)
             except posenc.PositionError as e:
@@ -199,6 +205,17 @@ def _probes(row: Row, run, losses, val, length, train_len, n_windows, last) -> N
         row.copy_first[length], row.copy_repeat[length] = copy_probe(
             run, probe_windows(val, length, n_windows)
         )
+
+
+def _recall(row: Row, model: GPT, val, length: int, train_len: int, n_windows: int) -> None:
+    """Fill ``row``'s recall probe at ``length`` (:func:`posenc.lab.recall.recall_scores`), up to
+    :data:`~posenc.lab.defaults.RECALL_PROBE_MAX_MULT` training lengths; None where the window cannot hold
+    the pairs and their queries."""
+    if length > D.RECALL_PROBE_MAX_MULT * train_len:
+        return
+    probe = recall_batch(val, length, n_windows, train_len)
+    scores = (None, None, None) if probe is None else recall_scores(model, *probe, train_len)
+    row.recall[length], row.recall_ppl[length], row.recall_gain[length] = scores
 
 
 def evaluate(

@@ -114,7 +114,7 @@ def _arguments(f: dataclasses.Field, required: bool, presets: Mapping[str, Any] 
             kwargs["choices"] = list(choices)
     if required or f.default is MISSING:
         kwargs["required"] = True
-    elif presets is not None:
+    elif presets is not None and not (f.default is None and "(default: " in text):
         text += " " + _preset_default(presets, f.name)  # no argparse default: None is the preset's value
     else:
         kwargs["default"] = f.default

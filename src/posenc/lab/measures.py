@@ -42,6 +42,13 @@ MEASURES: tuple[Measure, ...] = (
     ),
     Measure("copy_first", "probe", "copy probe: ppl on a segment's first occurrence"),
     Measure("copy_repeat", "probe", "copy probe: ppl on the segment's repeat"),
+    Measure("recall", "probe", "recall probe: share of queries answered exactly, distances (n/2, n]"),
+    Measure("recall_ppl", "probe", "recall probe: ppl on the value bytes with the whole window as context"),
+    Measure(
+        "recall_gain",
+        "probe",
+        "recall probe: far-context gain on the value bytes, ppl(last L as context) / ppl(whole window)",
+    ),
     Measure("passkey", "passkey", "share of passkey prompts answered exactly"),
 )
 MEASURE_NAMES: tuple[str, ...] = tuple(m.name for m in MEASURES)

@@ -32,6 +32,7 @@ __all__ = [
     "passkey_table",
     "past_table",
     "ratio",
+    "recall_table",
     "results_payload",
     "sliding_table",
     "write_reports",
@@ -129,6 +130,24 @@ def copy_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
         cells = [r["scheme"]]
         for n in eval_lens:
             cells += [_cell(r, "copy_first", n), _cell(r, "copy_repeat", n)]
+        body.append(cells)
+    return grid_table(head, body, text_columns=1)
+
+
+def recall_table(rows: list[dict], eval_lens: list[int], train_len: int) -> str:
+    """The recall probe at each length where it was measured: accuracy, ppl on the value bytes, and the
+    far-context gain on them ("" when none was measured)."""
+    eval_lens = [n for n in eval_lens if any(r.get("recall", {}).get(str(n)) is not None for r in rows)]
+    if not eval_lens:
+        return ""
+    head = ["scheme"]
+    for n in eval_lens:
+        head += [_length_head(n, train_len, "recall"), f"ppl @{n}", f"gain @{n}"]
+    body = []
+    for r in rows:
+        cells = [r["scheme"]]
+        for n in eval_lens:
+            cells += [_cell(r, "recall", n), _cell(r, "recall_ppl", n), _cell(r, "recall_gain", n, 3)]
         body.append(cells)
     return grid_table(head, body, text_columns=1)
 
@@ -283,6 +302,18 @@ def _probe_sections(s: Settings, rows: list[dict]) -> list[str]:
             f"that copies does far better on the repeat):",
             "",
             copies,
+            "",
+        ]
+    recall = recall_table(rows, lens, L) if s.probe_windows else ""
+    if recall:
+        md += [
+            f"Recall probe: {s.probe_windows} windows per length of text with key-value pairs `$ab=Q7K2` in "
+            f"the first quarter and their keys asked at the end (at n >= 2 x {L}, distances in (n/2, n]); "
+            f"the share of queries answered exactly, ppl on the value bytes, and ppl with only the last {L} "
+            "tokens as context / ppl with the whole window on them (above 1: the far pairs are read; "
+            f"trained with mix {s.mix or 'none: expect 0 and ~1'}):",
+            "",
+            recall,
             "",
         ]
     return md

@@ -250,6 +250,7 @@ class _Run:
             seed=self.cfg.seed,
             copy_fraction=self.cfg.copy_fraction,
             passkey_fraction=self.cfg.passkey_fraction,
+            mix=self.cfg.mix,
         )
         per_rank = self.cfg.batch_size // self.replicas
         rows = slice(self.replica * per_rank, (self.replica + 1) * per_rank)
