@@ -152,3 +152,22 @@ def test_attention_takes_a_score_bias_own_blocked_kernel():
 def test_alibi_mask_mod_checks_its_lengths_as_every_score_bias():
     with pytest.raises(ValueError, match="k_len must be >= q_len"):
         ALiBi(2).mask_mod(5, 3)
+
+
+def test_the_blocked_kernel_never_reuses_a_diagonal_mask_made_for_other_slopes():
+    """The diagonal block's mask is memoised; slopes that changed in place (a training step) get a new one,
+    equal to the materialised bias's attention."""
+    alibi = ALiBi(4, learnable=True)
+    q, k, v = (torch.randn(1, 4, 40, 8, dtype=torch.float64) for _ in range(3))
+
+    def both():
+        got = alibi.blocked_attention(q, k, v, True, 8**-0.5)
+        mask = alibi.bias(40, 40, causal=True).to(torch.float64)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=8**-0.5)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-9)  # the bias is float32; a stale mask: 0.1
+
+    both()
+    with torch.no_grad():
+        for p in alibi.parameters():
+            p.mul_(3.0)
+    both()
