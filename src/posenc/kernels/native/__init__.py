@@ -105,5 +105,8 @@ def rotary(xs, outs, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, co
 
 @functools.cache
 def _op():
+    why = _load()
+    if why is not None:
+        raise RuntimeError(f"posenc: {why}")
     # the overload itself: calling the packet resolves it again on every call (a microsecond or two)
     return torch.ops.posenc.rotary.default

@@ -10,8 +10,9 @@
 //
 // The rows of every x are one range of work for a single at::parallel_for, so a call opens at most one
 // parallel region, whatever the number of tensors and heads. The inner loops are plain loops the compiler vectorises
-// (built with -O3 -march=native by posenc.kernels.native.build); 16-bit values are widened and rounded
-// with integer bit operations, which vectorise where a call into c10's converters would not.
+// (built with -O3 -march=native by posenc.kernels.native.build); bfloat16 values are widened and rounded
+// with integer bit operations, which vectorise where a call into c10's converters would not; float16 rows,
+// and short bfloat16 rows, go through a float32 copy of the row.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -29,10 +30,13 @@
 namespace {
 
 constexpr int kMaxDims = 8;
-// Below this many elements a call runs on its own thread: starting the others costs more than they save.
-constexpr int64_t kSerialElements = int64_t(1) << 18;
+// Below this many elements a call runs on its own thread: a tenth of a millisecond of work, where waking
+// the others saves less than one busy neighbour's delay of a woken thread can cost (milliseconds).
+constexpr int64_t kSerialElements = int64_t(1) << 20;
 // Elements per chunk of work handed to a thread: 256 KiB of float32, within L2 with its tables.
 constexpr int64_t kChunkElements = int64_t(1) << 16;
+// Pairs per row at or below which bfloat16 rows are widened into float32 first (see widen_row).
+constexpr int64_t kShortPairs = 8;
 
 struct Float32 {
   using Storage = float;
@@ -84,6 +88,16 @@ inline void widen_row(const _Float16* src, float* dst, int64_t n) {
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// bfloat16 rows the same way when they are short (head_dim 16 and less: the lab's shapes), where the fused
+// loop's few iterations per row never reach a vector; these two loops vectorise at any length.
+inline void widen_row(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16::load(src[i]);
+}
+
+inline void narrow_row(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = BFloat16::store(src[i]);
 }
 
 inline void narrow_row(const float* src, _Float16* dst, int64_t n) {
@@ -169,12 +183,15 @@ void rotate_rows(Job& job, int64_t begin, int64_t end, bool conjugate) {
   const W sign = conjugate ? W(-1) : W(1);
   RowWalk walk = job.walk;
   walk.seek(begin);
-  constexpr bool widened = std::is_same_v<T, Float16>;
+  constexpr bool sixteen = std::is_same_v<T, Float16> || std::is_same_v<T, BFloat16>;
+  const bool widened = std::is_same_v<T, Float16> || (sixteen && h <= kShortPairs);
   std::vector<float> scratch(widened ? r : 0);
   for (int64_t row = begin; row < end; ++row, walk.next()) {
     const S* src = x + walk.offset[0];
     S* dst = out + walk.offset[1];
-    if constexpr (widened) {
+    if constexpr (!sixteen) {
+      rotate_row<T, Interleaved>(src, dst, c + walk.offset[2], s + walk.offset[3], h, sign);
+    } else if (widened) {
       widen_row(src, scratch.data(), r);
       rotate_row<Float32, Interleaved>(scratch.data(), scratch.data(), c + walk.offset[2], s + walk.offset[3], h,
                                        sign);

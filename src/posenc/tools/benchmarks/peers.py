@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 
 import posenc
+from posenc.kernels import apply_rotary_qk
 from posenc.kernels import native as native_op
 
 from .report import Column, number, table
@@ -45,7 +46,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 LOADS = ("quiet", "busy neighbour")
 VLLM = "vLLM CPU op"
 TORCH_KERNELS = "posenc torch kernels"
-IN_PLACE_PEERS = (VLLM,)  # they write into q and k: posenc in place is timed against them
+IN_PLACE_PEERS = (VLLM,)  # they write into q and k: posenc in place is timed against them, module and kernel
+KERNEL = "posenc kernel in place"  # posenc.kernels.apply_rotary_qk given its tables, as such a peer is
 NO_BACKWARD = (VLLM,)
 
 
@@ -246,6 +248,9 @@ def bench_case(kind: str, shape, start: int, dtype, layout: str, repeat: int) ->
     forward = {"posenc": lambda: rope(q, k, offset=start)}
     forward |= {name: (lambda name=name: peers[name](*native[name])) for name in timed}
     forward["posenc in place"] = lambda: rope(q, k, offset=start, inplace=True)
+    if any(name in IN_PLACE_PEERS for name in timed):  # kernel against kernel: tables made beforehand
+        cos, sin = rope.cos_sin(torch.arange(start, start + length))
+        forward[KERNEL] = lambda: apply_rotary_qk(q, k, cos, sin, layout=layout, inplace=True)
     forward[TORCH_KERNELS] = lambda: _on_torch_kernels(rope, q, k, start)
     both = {
         "posenc": _timed_backward(
@@ -267,14 +272,21 @@ def bench_case(kind: str, shape, start: int, dtype, layout: str, repeat: int) ->
 
 def _timed_rows(base: dict, times: dict[str, list[float]], agree: dict[str, float]) -> list[dict]:
     """One row per case but posenc's own: posenc's time over the case's (the in-place call's over the
-    out-of-place one's; posenc in place against a peer that writes in place), median and quartiles."""
+    out-of-place one's; against a peer that writes in place, posenc in place, module call and kernel given
+    its tables), median and quartiles."""
     rows = []
+    pairs = []
     for name in times:
-        if name == "posenc":
+        if name in ("posenc", KERNEL):
             continue
-        mine, theirs = (name, "posenc") if name == "posenc in place" else ("posenc", name)
-        if name in IN_PLACE_PEERS:
-            mine = "posenc in place"
+        if name == "posenc in place":
+            pairs.append((name, "posenc"))
+        elif name in IN_PLACE_PEERS:
+            pairs += [("posenc in place", name), (KERNEL, name)]
+        else:
+            pairs.append(("posenc", name))
+    for mine, theirs in pairs:
+        name = theirs if theirs != "posenc" else mine
         q1, median, q3 = _ratios(times[mine], times[theirs])
         rows.append(
             {
@@ -319,7 +331,7 @@ COLUMNS = (
     Column("layout", -11, lambda r: r["layout"]),
     Column("direction", -16, lambda r: r["direction"]),
     Column("against", -23, lambda r: r["peer"]),
-    Column("timed", -15, lambda r: r.get("case", "")),
+    Column("timed", -23, lambda r: r.get("case", "")),
     Column("posenc ms", 9, lambda r: number(r.get("posenc_ms"), ".3f")),
     Column("peer ms", 9, lambda r: number(r.get("peer_ms"), ".3f")),
     Column("ratio [q1, q3]", 19, lambda r: f"{r['ratio']:.2f} [{r['ratio_q1']:.2f}, {r['ratio_q3']:.2f}]"),
