@@ -9,10 +9,10 @@
 // itself (in place); otherwise dimensions past rotary_dim are copied.
 //
 // The rows of every x are one range of work for a single at::parallel_for, so a call opens at most one
-// parallel region, whatever the number of tensors and heads. The inner loops are plain loops the compiler vectorises
-// (built with -O3 -march=native by posenc.kernels.native.build); bfloat16 values are widened and rounded
-// with integer bit operations, which vectorise where a call into c10's converters would not; float16 rows,
-// and short bfloat16 rows, go through a float32 copy of the row.
+// parallel region, whatever the number of tensors and heads. The inner loops are plain loops the compiler
+// vectorises (built with -O3 -march=native by posenc.kernels.native.build); bfloat16 values are widened and
+// rounded with integer bit operations, which vectorise where a call into c10's converters would not;
+// float16 rows, and short bfloat16 rows, go through a float32 copy of the row.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
