@@ -100,8 +100,8 @@ class Rotary(nn.Module):
         check_pair(self, q, k, False)
         _checks.offset(offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if positions is None and k_positions is None:  # the default, a decode step's: spelled out
-            return Placement(None, offset + max(k_len - q_len, 0), None, offset, options)
+        if positions is None and k_positions is None:  # the default, a decode step's
+            return _consecutive(q_len, k_len, offset, options)
         k_positions = key_positions(q_len, k_len, positions, k_positions)
         if (
             positions is None
@@ -151,7 +151,7 @@ class Rotary(nn.Module):
             if path is Path.SMALL:
                 rows = self.rows(q, k, offset)
                 return run(path, (q, k), None, None, self.layout, inplace=inplace, rows=rows)
-            at = Placement(None, offset + max(k.shape[-2] - q.shape[-2], 0), None, offset, options)
+            at = _consecutive(q.shape[-2], k.shape[-2], offset, options)
         else:
             at = self.place(q, k, positions, k_positions, offset, options)
         if inplace:
@@ -168,6 +168,11 @@ class Rotary(nn.Module):
             chosen = path or choose_path((x,), self.layout, cos=cos, inplace=inplace)
             outs.append(run(chosen, (x,), cos, sin, self.layout, inplace=inplace, names=(name,))[0])
         return tuple(outs)
+
+
+def _consecutive(q_len: int, k_len: int, offset: int, options: dict) -> Placement:
+    """Keys at offset.., queries at the last q_len of them: the placement of a call given no positions."""
+    return Placement(None, offset + max(k_len - q_len, 0), None, offset, options)
 
 
 def _unset(options: dict) -> bool:

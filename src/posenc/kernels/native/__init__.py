@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import warnings
 
@@ -29,11 +28,7 @@ def why_not_loadable() -> str | None:
 
     if not build.LIBRARY.exists():
         return f"the compiled CPU op is not built ({_HOW})"
-    try:
-        record = json.loads(build.RECORD.read_text())
-    except (OSError, ValueError):
-        record = {}
-    stale = [key for key, value in build.expected_record().items() if record.get(key) != value]
+    stale = build.stale(build.RECORD)
     if stale:
         names = " and ".join("source" if key == "source_sha256" else key for key in stale)
         return f"the compiled CPU op was built for another {names} ({_HOW} to rebuild it)"

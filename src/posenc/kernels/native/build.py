@@ -32,7 +32,7 @@ SOURCE = HERE / "rotary_cpu.cpp"
 LIBRARY = HERE / "_posenc_cpu.so"
 RECORD = HERE / "_posenc_cpu.json"
 
-__all__ = ["LIBRARY", "RECORD", "SOURCE", "build", "expected_record", "main"]
+__all__ = ["LIBRARY", "RECORD", "SOURCE", "build", "expected_record", "main", "stale"]
 
 
 def source_digest() -> str:
@@ -49,6 +49,16 @@ def expected_record() -> dict:
         "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         "source_sha256": source_digest(),
     }
+
+
+def stale(record: Path = RECORD) -> list[str]:
+    """The keys of :func:`expected_record` on which the build recorded at ``record`` differs from this process
+    (all of them when there is no readable record): empty when the library there is usable."""
+    try:
+        found = json.loads(Path(record).read_text())
+    except (OSError, ValueError):
+        found = {}
+    return [key for key, value in expected_record().items() if found.get(key) != value]
 
 
 def compiler() -> str | None:
@@ -94,8 +104,7 @@ def build(*, quiet: bool = False, directory: Path = HERE) -> bool:
     """Compile the op into ``directory`` (beside the source; ``pip install`` passes its build folder) unless
     an up-to-date build is there; True when a usable library exists afterwards."""
     library, record = Path(directory) / LIBRARY.name, Path(directory) / RECORD.name
-    want = expected_record()
-    if library.exists() and _record(record) == {**_record(record), **want}:
+    if library.exists() and not stale(record):
         _say(quiet, f"posenc: the compiled CPU op is up to date ({library})")
         os.utime(library)  # newer than what make compares it with
         return True
@@ -109,23 +118,16 @@ def build(*, quiet: bool = False, directory: Path = HERE) -> bool:
     with tempfile.TemporaryDirectory(dir=directory) as scratch:
         partial = Path(scratch) / LIBRARY.name
         cmd = command(cxx, partial)
-        _say(quiet, f"posenc: building the compiled CPU op with {cxx} (about a minute)")
+        _say(quiet, f"posenc: building the compiled CPU op with {cxx} (seconds)")
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             sys.stderr.write(done.stderr[-4000:])
             _say(quiet, "posenc: the build failed (above); the torch kernels run instead")
             return False
         os.replace(partial, library)  # atomic: a process loading the op never sees half a file
-    record.write_text(json.dumps({**want, "command": cmd}, indent=1) + "\n")
+    record.write_text(json.dumps({**expected_record(), "command": cmd}, indent=1) + "\n")
     _say(quiet, f"posenc: built {library}")
     return True
-
-
-def _record(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _say(quiet: bool, message: str) -> None:

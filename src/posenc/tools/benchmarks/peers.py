@@ -16,6 +16,7 @@ quiet machine and beside a busy neighbour (:func:`.timing.busy_neighbour`, a pro
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -64,6 +65,12 @@ def vllm_rotary() -> Callable | None:
             return None
         wide = "AVX512" in torch.backends.cpu.get_cpu_capability()
         path = str(dist.locate_file(f"vllm/_C_{'AVX512' if wide else 'AVX2'}.abi3.so"))
+    return _vllm_op(path)
+
+
+@functools.cache
+def _vllm_op(path: str) -> Callable | None:
+    """The op from the library at ``path``, loaded once per process (every case asks for it)."""
     try:
         torch.ops.load_library(path)
         return torch.ops._C.rotary_embedding
