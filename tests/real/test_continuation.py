@@ -58,3 +58,24 @@ def test_what_it_cannot_run_is_refused(smollm2):
     cache, snapshot = runner.prefill([1, 2, 3])
     with pytest.raises(ValueError, match="needs tokens and max_new_tokens >= 1"):
         runner.answer(cache, snapshot, [4], 0)
+    with pytest.raises(ValueError, match="reserve must be >= 0"):
+        runner.prefill([1, 2, 3], reserve=-1)
+
+
+def test_a_question_past_the_reserve_grows_the_buffer_and_the_prefix_stays(smollm2, real_text):
+    """With no room reserved every question outgrows the full-attention layers' buffers; the answers are
+    still greedy decoding of the whole prompt, and a later question still sees the prefix alone."""
+    from posenc.real.continuation import reserved_layer_class
+
+    model, tokenizer = smollm2.model, smollm2.tokenizer
+    prefix, questions = _prompt(tokenizer, real_text, 300)
+    runner = Continuation(model, tokenizer)
+    cache, snapshot = runner.prefill(prefix, reserve=0)
+    assert all(type(layer) is reserved_layer_class() for layer in cache.layers)
+    assert {layer.key_buffer.shape[-2] for layer in cache.layers} == {len(prefix)}
+    for question in (questions[1], questions[0]):
+        answer = runner.answer(cache, snapshot, question, 5)
+        assert list(answer.tokens) == _generate(model, prefix + question, 5, runner.stop)
+    assert min(layer.key_buffer.shape[-2] for layer in cache.layers) >= 2 * len(prefix)
+    with pytest.raises(NotImplementedError, match="one sequence"):
+        cache.layers[0].batch_repeat_interleave(2)

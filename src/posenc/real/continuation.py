@@ -7,22 +7,32 @@ Every question therefore sees exactly the cache a fresh forward of ``prefix + qu
 tests check it token for token against ``model.generate`` on the whole prompt), at the cost of one long
 forward per trial instead of one per question.
 
-The snapshot holds references, not copies: a ``DynamicCache`` layer grows by concatenation into new
-tensors (``torch.cat``), never writing into the tensors it had, so the prefix's keys and values stay intact
-while a question runs; a sliding-window layer's trimmed tail is restored the same way. A cache whose layers
-write in place (a static cache) is refused.
+The snapshot holds references, not copies. A full-attention layer keeps its keys and values in a buffer
+reserved past the prefix (:func:`reserved_layer_class`): a question writes its tokens after the prefix and the
+layer hands attention a view of the filled part, so restoring the snapshot is putting back the view of the
+prefix, and the bytes after it are simply written again by the next question. ``DynamicCache``'s own layer
+would concatenate the whole cache into a new tensor at every decoded token, a copy as large as the prefix
+per step (at 8K tokens SmolLM2's keys and values are 0.4 GB). A sliding-window layer keeps transformers'
+layer, which grows by concatenation into new tensors and never writes into those it had, so its trimmed
+tail is restored the same way. A cache whose layers write in place over the prefix (a static cache) is
+refused.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import time
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Answer", "Continuation"]
+__all__ = ["Answer", "Continuation", "reserved_layer_class"]
+
+# room left after the prefix for a question and its answer when the caller does not say; a longer one grows
+# the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
+DEFAULT_RESERVE = 256
 
 
 @dataclass(frozen=True)
@@ -51,13 +61,21 @@ class Continuation:
         return next(self.model.parameters()).device
 
     @torch.inference_mode()
-    def prefill(self, prefix) -> tuple[object, list[dict]]:
-        """Run ``prefix`` (token ids) once: its cache and the snapshot its questions restore."""
+    def prefill(self, prefix, reserve: int = DEFAULT_RESERVE) -> tuple[object, list[dict]]:
+        """Run ``prefix`` (token ids) once: its cache and the snapshot its questions restore. ``reserve``:
+        the tokens a question and its answer may add before a full-attention layer's buffer grows."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         if len(prefix) == 0:
             raise ValueError("prefix is empty: a trial needs at least one token before its questions")
+        if reserve < 0:
+            raise ValueError(f"reserve must be >= 0 tokens, got {reserve}")
         cache = DynamicCache(config=self.model.config)
+        cache.layers = [
+            reserved_layer_class()(len(prefix) + reserve) if type(layer) is DynamicLayer else layer
+            for layer in cache.layers
+        ]
         ids = torch.as_tensor(list(prefix), device=self._device())[None]
         self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
         return cache, [_snapshot(layer) for layer in cache.layers]
@@ -99,12 +117,63 @@ def _stop_tokens(model, tokenizer) -> frozenset[int]:
     return frozenset(int(t) for t in found)
 
 
+@functools.cache
+def reserved_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A full-attention cache layer whose keys and values live in a buffer of ``capacity`` tokens,
+        (batch, kv_heads, capacity, head_dim); ``keys``/``values`` are views of its first tokens. A token is
+        written after the view's end, never inside it, so a view handed out earlier keeps its contents."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = capacity
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.device, self.is_initialized = key_states.device, True
+                self.filled = 0
+                self._allocate(key_states, value_states, max(self.capacity, key_states.shape[-2]))
+            start, end = self.filled, self.filled + key_states.shape[-2]
+            if end > self.key_buffer.shape[-2]:
+                self._allocate(key_states, value_states, max(end, 2 * self.key_buffer.shape[-2]))
+            self.key_buffer[..., start:end, :] = key_states
+            self.value_buffer[..., start:end, :] = value_states
+            self.filled = end
+            self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+            return self.keys, self.values
+
+        def _allocate(self, key_states, value_states, tokens: int) -> None:
+            """A new buffer of ``tokens`` holding what is filled (the old one stays for any view of it)."""
+            old = (self.key_buffer, self.value_buffer) if self.filled else None
+            shape = tuple(key_states.shape[:-2])
+            self.key_buffer = key_states.new_empty(shape + (tokens, key_states.shape[-1]))
+            self.value_buffer = value_states.new_empty(shape + (tokens, value_states.shape[-1]))
+            if old is not None:
+                self.key_buffer[..., : self.filled, :] = old[0][..., : self.filled, :]
+                self.value_buffer[..., : self.filled, :] = old[1][..., : self.filled, :]
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)
+            if self.is_initialized:
+                self.filled = self.keys.shape[-2]
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("a reserved cache layer serves the questions of one sequence")
+
+        batch_select_indices = batch_repeat_interleave
+
+    ReservedLayer.__module__ = __name__
+    return ReservedLayer
+
+
 def _snapshot(layer) -> dict:
     """The layer's state: its attributes, tensors by reference (see the module docstring)."""
-    if not type(layer).__name__.startswith("Dynamic"):
+    if not type(layer).__name__.startswith(("Dynamic", "Reserved")):
         raise ValueError(
-            f"a shared prefix needs a cache that grows by concatenation; {type(layer).__name__} writes in "
-            "place"
+            f"a shared prefix needs a cache that never writes over the tokens it holds; "
+            f"{type(layer).__name__} writes in place"
         )
     return copy.copy(vars(layer))
 

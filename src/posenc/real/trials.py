@@ -40,7 +40,8 @@ def run_trial(runner: Continuation, trial, device: torch.device) -> dict:
     """Answer every question of ``trial`` from one run of its prefix (module docstring)."""
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
-        cache, snapshot = runner.prefill(trial.prefix)
+        reserve = max((len(q.ids) + q.max_new_tokens for q in trial.questions), default=0)
+        cache, snapshot = runner.prefill(trial.prefix, reserve=reserve)
         prefill_s = time.perf_counter() - t0
         questions = []
         for i, q in enumerate(trial.questions):
