@@ -64,6 +64,20 @@ def test_a_method_whose_perplexity_breaks_is_not_suggested_where_the_tasks_canno
     )
 
 
+def test_among_methods_the_tasks_cannot_separate_perplexity_decides_before_a_point_estimate():
+    """llama3 answers one question more than yarn, not separably; yarn's perplexity is lower: yarn."""
+    payload = _payload({("yarn", 2 * L): [1] + [0] * 9, ("llama3", 2 * L): [1, 1] + [0] * 8})
+    payload["results"][0]["ppl"][str(2 * L)] = 5.55
+    payload["results"][1]["ppl"][str(2 * L)] = 5.90
+    pick = pairs.suggest(payload, pairs.Trials.read(payload))
+    assert pick.startswith("Suggested start at 2000 tokens (2x): yarn")
+    assert "not separable from it: llama3" in pick
+    payload["results"][1]["ppl"][str(2 * L)] = 5.55  # a tie of perplexity: the higher score
+    assert pairs.suggest(payload, pairs.Trials.read(payload)).startswith(
+        "Suggested start at 2000 tokens (2x): llama3"
+    )
+
+
 def test_only_complete_cells_are_scored_and_the_effective_length_reads_the_means():
     payload = _payload({("yarn", L): [1, 1, 1, 1], ("yarn", 2 * L): [1, 1, 1, 0], ("pi", L): [1, 1, 1]})
     trials = pairs.Trials.read(payload)

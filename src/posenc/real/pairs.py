@@ -277,7 +277,8 @@ def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
     have every trial of, the methods that no other beats separably (over all tasks' trials, at ``alpha``)
     and whose perplexity there is within :data:`PPL_TOLERANCE` of the lowest (the same tokens for every
     method: a method that breaks the model's language is out even where the tasks cannot tell); of those the
-    simplest (:func:`simplicity`), then the highest mean score, then the lowest perplexity."""
+    simplest (:func:`simplicity`), then the lowest perplexity, then the highest mean score. The scores of
+    the methods kept are by construction not separable, so they order only what perplexity leaves tied."""
     L = payload["train_len"]
     longer = [n for n in trials.lengths if n > L and any(trials.scores(m, n) for m in trials.methods)]
     if not longer:
@@ -289,7 +290,7 @@ def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
     known = [ppl[m] for m in scored if ppl.get(m) is not None]
     broken = {m for m in scored if ppl.get(m) is not None and ppl[m] > PPL_TOLERANCE * min(known)}
     kept = [m for m in scored if m not in beaten | broken] or [m for m in scored if m not in beaten]
-    pick = min(kept, key=lambda m: (simplicity(m), -math.fsum(scored[m]), ppl.get(m) or math.inf))
+    pick = min(kept, key=lambda m: (simplicity(m), ppl.get(m) or math.inf, -math.fsum(scored[m])))
     mean = math.fsum(scored[pick]) / len(scored[pick])
     perplexity = f", perplexity {ppl[pick]:.2f}" if ppl.get(pick) is not None else ""
     return (
@@ -297,7 +298,7 @@ def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
         f"{len(scored[pick])} questions{perplexity}); {_verdict(pick, scored, kept, beaten, broken)}. Rule: "
         f"of the methods that no other beats separably there (paired, alpha {alpha:g}) and whose perplexity "
         f"is within {100 * (PPL_TOLERANCE - 1):.0f}% of the lowest, the simplest ({' < '.join(SIMPLICITY)}), "
-        "then the highest score, then the lowest perplexity; a rule of thumb read off these questions, not "
+        "then the lowest perplexity, then the highest score; a rule of thumb read off these questions, not "
         "a verdict."
     )
 
