@@ -119,6 +119,9 @@ def _stop_tokens(model, tokenizer) -> frozenset[int]:
 
 @functools.cache
 def reserved_layer_class():
+    """The cache layer :meth:`Continuation.prefill` gives each full-attention layer, a subclass of
+    transformers' ``DynamicLayer`` (built on first use: transformers is imported only by what runs a real
+    model)."""
     from transformers.cache_utils import DynamicLayer
 
     class ReservedLayer(DynamicLayer):
