@@ -134,33 +134,25 @@ def reserved_layer_class():
             self.capacity = capacity
 
         def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.device, self.is_initialized = key_states.device, True
-                self.filled = 0
-                self._allocate(key_states, value_states, max(self.capacity, key_states.shape[-2]))
-            start, end = self.filled, self.filled + key_states.shape[-2]
-            if end > self.key_buffer.shape[-2]:
-                self._allocate(key_states, value_states, max(end, 2 * self.key_buffer.shape[-2]))
+            start = self.keys.shape[-2] if self.is_initialized else 0
+            end = start + key_states.shape[-2]
+            if not self.is_initialized or end > self.key_buffer.shape[-2]:
+                self._allocate(key_states, value_states, max(end, self.capacity, 2 * start))
             self.key_buffer[..., start:end, :] = key_states
             self.value_buffer[..., start:end, :] = value_states
-            self.filled = end
             self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
             return self.keys, self.values
 
         def _allocate(self, key_states, value_states, tokens: int) -> None:
             """A new buffer of ``tokens`` holding what is filled (the old one stays for any view of it)."""
-            old = (self.key_buffer, self.value_buffer) if self.filled else None
             shape = tuple(key_states.shape[:-2])
-            self.key_buffer = key_states.new_empty(shape + (tokens, key_states.shape[-1]))
-            self.value_buffer = value_states.new_empty(shape + (tokens, value_states.shape[-1]))
-            if old is not None:
-                self.key_buffer[..., : self.filled, :] = old[0][..., : self.filled, :]
-                self.value_buffer[..., : self.filled, :] = old[1][..., : self.filled, :]
-
-        def crop(self, tokens_to_remove: int) -> None:
-            super().crop(tokens_to_remove)
+            key_buffer = key_states.new_empty(shape + (tokens, key_states.shape[-1]))
+            value_buffer = value_states.new_empty(shape + (tokens, value_states.shape[-1]))
             if self.is_initialized:
-                self.filled = self.keys.shape[-2]
+                key_buffer[..., : self.keys.shape[-2], :] = self.keys
+                value_buffer[..., : self.values.shape[-2], :] = self.values
+            self.key_buffer, self.value_buffer = key_buffer, value_buffer
+            self.device, self.is_initialized = key_states.device, True
 
         def batch_repeat_interleave(self, repeats: int) -> None:
             raise NotImplementedError("a reserved cache layer serves the questions of one sequence")
