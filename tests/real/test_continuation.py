@@ -4,7 +4,7 @@ whole prompt writes, whatever question ran before it, on both real models (one w
 import pytest
 import torch
 
-from posenc.real.continuation import Continuation
+from posenc.real.continuation import Ask, Continuation
 
 
 def _generate(model, ids: list[int], max_new_tokens: int, stop) -> list[int]:
@@ -30,12 +30,18 @@ def test_each_answer_is_greedy_decoding_of_the_whole_prompt(name, request, real_
     model, tokenizer = real.model, real.tokenizer
     # Gemma's sliding layers keep the last 511 keys: a prefix past its window tests their restore too
     prefix, questions = _prompt(tokenizer, real_text, 700)
+    # two of each length but one: batches of two, a row alone, rows that stop at different tokens
+    questions = questions + [q[::-1] for q in questions[:2]]
+    expected = [_generate(model, prefix + q, 8, Continuation(model, tokenizer).stop) for q in questions]
     runner = Continuation(model, tokenizer)
     cache, snapshot = runner.prefill(prefix)
-    for question in questions + questions[:1]:  # the first again, after the others ran on the cache
-        answer = runner.answer(cache, snapshot, question, 8)
-        assert list(answer.tokens) == _generate(model, prefix + question, 8, runner.stop)
+    for question, wanted in zip(questions + questions[:1], expected + expected[:1], strict=True):
+        answer = runner.answer(cache, snapshot, question, 8)  # the first again, after the others ran
+        assert list(answer.tokens) == wanted
         assert answer.text == tokenizer.decode(list(answer.tokens), skip_special_tokens=True)
+    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 8) for q in questions], rows=2)
+    assert [list(a.tokens) for a in batched] == expected
+    assert model.config._attn_implementation == "sdpa"  # put back after the batches
 
 
 def test_an_answer_stops_as_soon_as_it_is_done(smollm2, real_text):
@@ -79,3 +85,41 @@ def test_a_question_past_the_reserve_grows_the_buffer_and_the_prefix_stays(smoll
     assert min(layer.key_buffer.shape[-2] for layer in cache.layers) >= 2 * len(prefix)
     with pytest.raises(NotImplementedError, match="one sequence"):
         cache.layers[0].batch_repeat_interleave(2)
+
+
+def test_batched_answers_on_a_remapped_model_equal_one_at_a_time(fresh_smollm2, real_text):
+    from posenc.hf import patch_model
+    from posenc.remap import ReRoPE
+
+    model, tokenizer = fresh_smollm2.model, fresh_smollm2.tokenizer
+    patch_model(model, remap=ReRoPE(window=128))
+    prefix, questions = _prompt(tokenizer, real_text, 300)
+    runner = Continuation(model, tokenizer)
+    cache, snapshot = runner.prefill(prefix)
+    alone = [runner.answer(cache, snapshot, q, 6) for q in questions]
+    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 6) for q in questions])
+    assert [a.tokens for a in batched] == [a.tokens for a in alone]
+
+
+def test_a_batched_row_stops_when_done_and_the_others_go_on(smollm2, real_text):
+    runner = Continuation(smollm2.model, smollm2.tokenizer)
+    prefix, questions = _prompt(smollm2.tokenizer, real_text, 200)
+    cache, snapshot = runner.prefill(prefix)
+    first, second = questions[0], questions[0][::-1]  # the same length: one batch
+    full = runner.answers(cache, snapshot, [Ask(tuple(first), 5), Ask(tuple(second), 5)])
+    seen = []
+    short = runner.answers(
+        cache,
+        snapshot,
+        [Ask(tuple(first), 5, lambda text: seen.append(text) or len(seen) == 2), Ask(tuple(second), 5)],
+    )
+    assert short[0].tokens == full[0].tokens[:2] and short[1].tokens == full[1].tokens
+
+
+def test_batched_questions_refuse_what_they_cannot_run(smollm2):
+    runner = Continuation(smollm2.model, smollm2.tokenizer)
+    cache, snapshot = runner.prefill([1, 2, 3])
+    with pytest.raises(ValueError, match="needs tokens and max_new_tokens >= 1"):
+        runner.answers(cache, snapshot, [Ask((4,), 2), Ask((), 2)])
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        runner.answers(cache, snapshot, [Ask((4,), 2)], rows=0)

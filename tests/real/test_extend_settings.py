@@ -27,6 +27,17 @@ def test_explicit_settings_win_and_every_length_scores_the_same_final_tokens():
     assert beyond.short_length is None  # no window inside the trained length: no short-prompt cost
 
 
+def test_the_cpu_budget_asks_twenty_questions_of_five_tasks_with_answers_bounded_by_their_need():
+    from posenc.real.budgets import CPU_TASKS
+
+    cpu = resolve(ExtendSettings(budget="cpu"), CONFIG, torch.device("cpu"))
+    assert (cpu.tasks, cpu.questions, cpu.answer_tokens, cpu.answer_slack) == (CPU_TASKS, 20, None, 16)
+    capped = resolve(ExtendSettings(budget="cpu", answer_tokens=40), CONFIG, torch.device("cpu"))
+    assert (capped.answer_tokens, capped.answer_slack) == (40, None)  # the flag replaces the slack
+    every = resolve(ExtendSettings(), CONFIG, torch.device("cpu"))
+    assert len(every.tasks) == 10 and every.answer_slack is None
+
+
 @pytest.mark.parametrize(
     "settings, message",
     [

@@ -181,8 +181,9 @@ def _task_args(p) -> None:
     p.add_argument(
         "--answer-tokens",
         type=cli.positive_int,
-        help="the most tokens an answer may take; an answer that holds every expected string stops there "
-        "anyway (default: the budget's, else each task's, RULER's)",
+        help="the most tokens an answer may take, refused below what a task's expected answer takes; an "
+        "answer that holds every expected string stops there anyway (default: the budget's bound, else "
+        "each task's, RULER's)",
     )
     p.add_argument(
         "--passkey-trials",

@@ -7,6 +7,10 @@ Every question therefore sees exactly the cache a fresh forward of ``prefix + qu
 tests check it token for token against ``model.generate`` on the whole prompt), at the cost of one long
 forward per trial instead of one per question.
 
+:meth:`Continuation.answers` answers many questions of one prefix: those of equal length run as the rows of
+one batch whose attention reads the prefix once per step for all of them (:mod:`posenc.real.shared_prefix`),
+where the model's attention allows it, else one at a time.
+
 The snapshot holds references, not copies. A full-attention layer keeps its keys and values in a buffer
 reserved past the prefix (:func:`reserved_layer_class`): a question writes its tokens after the prefix and the
 layer hands attention a view of the filled part, so restoring the snapshot is putting back the view of the
@@ -24,15 +28,20 @@ import copy
 import functools
 import inspect
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Answer", "Continuation", "reserved_layer_class"]
+from posenc.real.shared_prefix import Prefix, can_share, shared_prefix
+
+__all__ = ["Answer", "Ask", "Continuation", "reserved_layer_class"]
 
 # room left after the prefix for a question and its answer when the caller does not say; a longer one grows
 # the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
 DEFAULT_RESERVE = 256
+# questions decoded together at most: the scores of a step grow with the rows, the prefix is read once
+DEFAULT_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,17 @@ class Answer:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Ask:
+    """One question for :meth:`Continuation.answers`: its token ``ids``, the most tokens its answer may take,
+    and ``done(text)``, true once the answer written so far is final (None: decode to the budget or an
+    end-of-sequence token)."""
+
+    ids: tuple[int, ...]
+    max_new_tokens: int
+    done: Callable[[str], bool] | None = None
+
+
 class Continuation:
     """Runs prefixes and the questions that continue them on ``model`` (a transformers causal LM in eval
     mode), decoding with ``tokenizer``."""
@@ -56,6 +76,13 @@ class Continuation:
         # transformers 5 renames past_key_values to cache (the old name warns on every call, then goes)
         takes = inspect.signature(type(model).forward).parameters
         self._cache_kw = "cache" if "cache" in takes else "past_key_values"
+
+    @property
+    def batches(self) -> bool:
+        """Whether :meth:`answers` runs questions of equal length as one batch on this model (else one at a
+        time: :func:`~posenc.real.shared_prefix.can_share` says why not); a batch keeps its own tokens apart,
+        so its prefix needs no reserve."""
+        return can_share(self.model) is None
 
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -106,6 +133,89 @@ class Continuation:
             step = torch.tensor([[token]], device=self._device())
         text = self.tokenizer.decode(written, skip_special_tokens=True)
         return Answer(tuple(written), text, time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def answers(
+        self, cache, snapshot: list[dict], asks: Sequence[Ask], rows: int = DEFAULT_ROWS
+    ) -> list[Answer]:
+        """Every question of ``asks`` continued from the prefilled ``cache``, as :meth:`answer` would answer
+        each (the same greedy tokens but for float rounding); questions of equal length share a batch of up
+        to ``rows``, whose steps read the prefix once for all of them. A batched answer's ``seconds`` is its
+        batch's time over its questions. Answers in the order of ``asks``."""
+        for ask in asks:
+            if len(ask.ids) == 0 or ask.max_new_tokens < 1:
+                raise ValueError(
+                    f"a question needs tokens and max_new_tokens >= 1, got {len(ask.ids)} tokens and "
+                    f"{ask.max_new_tokens}"
+                )
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1 questions a batch, got {rows}")
+        if not self.batches:
+            return [self.answer(cache, snapshot, a.ids, a.max_new_tokens, a.done) for a in asks]
+        by_length: dict[int, list[int]] = {}
+        for k, ask in enumerate(asks):
+            by_length.setdefault(len(ask.ids), []).append(k)
+        found: dict[int, Answer] = {}
+        for members in by_length.values():
+            for a in range(0, len(members), rows):
+                batch = members[a : a + rows]
+                found.update(
+                    zip(batch, self._answer_rows(cache, snapshot, [asks[k] for k in batch]), strict=True)
+                )
+        return [found[k] for k in range(len(asks))]
+
+    def _answer_rows(self, cache, snapshot: list[dict], asks: list[Ask]) -> list[Answer]:
+        """Questions of one length as the rows of one batch over the shared prefix."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        t0 = time.perf_counter()
+        for layer, saved in zip(cache.layers, snapshot, strict=True):
+            _restore(layer, saved)
+        start = cache.get_seq_length()
+        prefix = Prefix([c.keys for c in cache.layers], [c.values for c in cache.layers], start)
+        own = DynamicCache(config=self.model.config)
+        own.layers = [DynamicLayer() for _ in cache.layers]  # the rows' tokens after the prefix only
+        device = self._device()
+        step = torch.tensor([list(a.ids) for a in asks], device=device)
+        written: list[list[int]] = [[] for _ in asks]
+        live = list(range(len(asks)))
+        with shared_prefix(self.model, prefix):
+            while live:
+                positions = torch.arange(start, start + step.shape[1], device=device).expand(len(live), -1)
+                out = self.model(
+                    input_ids=step,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_kw: own},
+                )
+                start += step.shape[1]
+                kept = [
+                    r
+                    for r, token in zip(live, out.logits[:, -1].argmax(-1).tolist(), strict=True)
+                    if self._goes_on(asks[r], written[r], token)
+                ]
+                if len(kept) < len(live):
+                    rows = torch.tensor([live.index(r) for r in kept], device=device, dtype=torch.long)
+                    for layer in own.layers:
+                        layer.batch_select_indices(rows)
+                live = kept
+                step = torch.tensor([[written[r][-1]] for r in live], device=device)
+        seconds = (time.perf_counter() - t0) / len(asks)
+        return [
+            Answer(tuple(w), self.tokenizer.decode(w, skip_special_tokens=True), seconds) for w in written
+        ]
+
+    def _goes_on(self, ask: Ask, written: list[int], token: int) -> bool:
+        """Whether a row decodes on after ``token``, which it writes unless it ends the answer; as
+        :meth:`answer` stops."""
+        if token in self.stop:
+            return False
+        written.append(token)
+        if len(written) >= ask.max_new_tokens:
+            return False
+        return ask.done is None or not ask.done(self.tokenizer.decode(written, skip_special_tokens=True))
 
 
 def _stop_tokens(model, tokenizer) -> frozenset[int]:

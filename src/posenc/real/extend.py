@@ -49,6 +49,7 @@ from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.results import method_row, payload, trial_costs, trial_scores
 from posenc.real.scoring import Scorer, window_stats
 from posenc.real.tasks import TASKS, check_tasks, make_trials, min_length
+from posenc.real.tasks.answers import budgeted
 from posenc.real.trials import run_trial, trial_item
 from posenc.runs.memory import measured_peak
 
@@ -123,6 +124,7 @@ class Plan:
     questions: int | None = None
     layers: str = DEFAULT_LAYERS
     answer_tokens: int | None = None
+    answer_slack: int | None = None
 
 
 @dataclass
@@ -204,7 +206,7 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
     factor = settings.factor if settings.factor is not None else max(1.0, longest / train_len)
     planned = _planned(config)
     default_methods = (budget.planned if planned else budget.methods) or _applicable(config, planned)
-    tasks = tuple(TASKS) if settings.tasks is None else tuple(settings.tasks)
+    tasks = (budget.tasks or tuple(TASKS)) if settings.tasks is None else tuple(settings.tasks)
     return Plan(
         methods=tuple(settings.methods or default_methods),
         lengths=lengths,
@@ -221,6 +223,8 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
         questions=settings.questions or budget.questions,
         layers=settings.layers,
         answer_tokens=settings.answer_tokens or budget.answer_tokens,
+        # an absolute cap given on the command line replaces the budget's slack
+        answer_slack=None if settings.answer_tokens else budget.answer_slack,
     )
 
 
@@ -373,7 +377,7 @@ def _inputs(plan: Plan, settings: ExtendSettings, tokenizer):
     }
     trials = {
         n: [
-            _capped(t, plan.answer_tokens)
+            budgeted(t, tokenizer, plan.answer_tokens, plan.answer_slack)
             for task in plan.tasks
             for t in make_trials(
                 task,
@@ -388,14 +392,6 @@ def _inputs(plan: Plan, settings: ExtendSettings, tokenizer):
         for n in plan.lengths
     }
     return docs, windows, start, prompts, trials
-
-
-def _capped(trial, most: int | None):
-    """``trial`` with no answer longer than ``most`` tokens (None: as the task sets them)."""
-    if most is None:
-        return trial
-    questions = tuple(replace(q, max_new_tokens=min(q.max_new_tokens, most)) for q in trial.questions)
-    return replace(trial, questions=questions)
 
 
 def run_extend(
@@ -491,6 +487,9 @@ def _extra(plan: Plan, settings: ExtendSettings, tokenizer, left_out: dict) -> d
             "titles": {t: TASKS[t].title for t in plan.tasks},
             "trials": plan.trials,
             "questions": plan.questions,
+            # per question its expected answer's tokens plus the slack, or the cap (posenc.real.tasks.answers)
+            "answer_tokens": plan.answer_tokens,
+            "answer_slack": plan.answer_slack,
             "seed": settings.seed,
             "chat_template": chat,
             "essay_haystack": ESSAY_SOURCE,

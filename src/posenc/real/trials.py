@@ -9,7 +9,8 @@ expected strings the answer contains; Hsieh et al. 2024, arXiv:2404.06654). Its 
      "questions": [{"id", "depth", "expected", "answer", "score", "seconds"}, ...]}
 
 ``prefill_s`` is the shared forward, ``seconds`` the whole trial; a question's own ``seconds`` is its
-continuation and decoding.
+continuation and decoding (questions of equal length run as one batch, :meth:`Continuation.answers`: each
+of them is given the batch's time over its questions).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 
 import torch
 
-from posenc.real.continuation import Continuation
+from posenc.real.continuation import Ask, Continuation
 from posenc.real.tasks import score
 from posenc.runs.memory import measured_peak
 
@@ -40,30 +41,30 @@ def run_trial(runner: Continuation, trial, device: torch.device) -> dict:
     """Answer every question of ``trial`` from one run of its prefix (module docstring)."""
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
-        reserve = max((len(q.ids) + q.max_new_tokens for q in trial.questions), default=0)
+        # a prefix that ends where its buffer ends is contiguous: the batches read it without a copy
+        reserve = (
+            0 if runner.batches else max((len(q.ids) + q.max_new_tokens for q in trial.questions), default=0)
+        )
         cache, snapshot = runner.prefill(trial.prefix, reserve=reserve)
         prefill_s = time.perf_counter() - t0
-        questions = []
-        for i, q in enumerate(trial.questions):
-            # recall of the expected strings cannot grow past 1: a full answer is final (RULER's score of the
-            # whole budget, at a fraction of the decoding)
-            answer = runner.answer(
-                cache,
-                snapshot,
-                q.ids,
-                q.max_new_tokens,
-                done=lambda text, q=q: score(q.expected, text) == 1.0,
-            )
-            questions.append(
-                {
-                    "id": trial.question_id(i),
-                    "depth": q.depth,
-                    "expected": list(q.expected),
-                    "answer": answer.text,
-                    "score": score(q.expected, answer.text),
-                    "seconds": round(answer.seconds, 3),
-                }
-            )
+        # recall of the expected strings cannot grow past 1: a full answer is final (RULER's score of the
+        # whole budget, at a fraction of the decoding)
+        asks = [
+            Ask(tuple(q.ids), q.max_new_tokens, lambda text, q=q: score(q.expected, text) == 1.0)
+            for q in trial.questions
+        ]
+        answers = runner.answers(cache, snapshot, asks)
+        questions = [
+            {
+                "id": trial.question_id(i),
+                "depth": q.depth,
+                "expected": list(q.expected),
+                "answer": answer.text,
+                "score": score(q.expected, answer.text),
+                "seconds": round(answer.seconds, 3),
+            }
+            for i, (q, answer) in enumerate(zip(trial.questions, answers, strict=True))
+        ]
         del cache, snapshot
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -118,6 +118,15 @@ BENCHMARKS: dict[str, Benchmark] = {
             by_default=False,  # minutes: whole-model forwards at 8192 tokens
         ),
         Benchmark(
+            "questions",
+            "questions over one shared haystack of a shipped real model: one at a time against batched by "
+            "length over the shared prefix",
+            "questions",
+            lambda m, c: m.run(c.device, c.quick),
+            "questions_table",
+            by_default=False,  # minutes: haystacks of 8K and 16K tokens, forty questions each way
+        ),
+        Benchmark(
             "ring",
             "context parallelism: causal RoPE attention forward+backward at 4K and 16K on 2 gloo ranks of 1 "
             "thread against one process of 2 threads",

@@ -1,0 +1,250 @@
+"""Attention for a batch of questions over one shared prefix: the prefix's keys are read once for every row.
+
+A trial's questions continue the same long prefix. Decoding them one at a time reads the prefix's keys and
+values once per question and decoded token, and that read is most of a step's cost at 8K tokens and more.
+Here the rows of one batch are questions of equal length, so every row's queries sit at the same positions;
+the cache of the batch holds only the rows' own tokens (the suffix, rows x tokens), and the attention
+implementation ``posenc_shared_prefix`` scores each query against the prefix's keys, held once (batch 1),
+and against its own row's suffix, in one softmax over both. The queries of all rows and all query heads of
+a key head are one matrix against that key head's prefix keys, so the prefix is read once per step for the
+whole batch, as cascade attention does (Juravsky et al. 2024, Hydragen, arXiv:2402.05099; FlashInfer's
+cascade kernels).
+
+The scores are the model's own: its queries and keys as the model's attention received them, its
+``scaling``, its sliding window by true distance; a model patched with ``remap=`` (:mod:`posenc.hf.remap`)
+scores every pair in the view its distance falls in, as :func:`posenc.remap.remap_attention` does, with
+the queries and keys rotated per view. Exact in arithmetic; in floating point the sums run in another order
+than the model's own kernel (differences of ~1e-6 in the logits).
+
+What it cannot score that way is not batched (:func:`can_share`): another attention implementation, logit
+soft-capping, attention sinks, attention dropout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["IMPLEMENTATION", "Prefix", "can_share", "shared_prefix"]
+
+IMPLEMENTATION = "posenc_shared_prefix"
+# the implementations whose scores this reproduces: softmax(q k^T * scaling), masked causally within the
+# layer's window; posenc's remap adds its views
+_PLAIN = ("sdpa", "eager")
+_REMAP = "posenc_remap"
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The shared prefix: per cache layer its ``keys`` and ``values`` (1, kv_heads, n, head_dim), the
+    last n of its ``length`` tokens (all of them for a full-attention layer, the tail a sliding-window layer
+    keeps)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What the forward calls inside :func:`shared_prefix` read: the prefix, whether the model is remapped,
+    and per layer the prefix's keys as each view rotated them (the keys' positions, the rotated keys), kept
+    from step to step where the rotation depends on the positions alone."""
+
+    prefix: Prefix
+    remapped: bool
+    rotated: dict = field(default_factory=dict)
+
+
+_current: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
+    "posenc_shared_prefix", default=None
+)
+
+
+def can_share(model) -> str | None:
+    """None when the batches of :func:`shared_prefix` reproduce ``model``'s attention; else why not."""
+    config = model.config
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in (*_PLAIN, _REMAP):
+        return f"attention implementation {implementation!r} (shared: {', '.join((*_PLAIN, _REMAP))})"
+    for name in ("attn_logit_softcapping", "attention_logit_softcapping"):
+        if getattr(config, name, None) is not None:
+            return f"logit soft-capping ({name}={getattr(config, name)})"
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        return "attention sinks"
+    return None
+
+
+@contextlib.contextmanager
+def shared_prefix(model, prefix: Prefix) -> Iterator[None]:
+    """Within it, ``model``'s forward calls attend over ``prefix`` and their own cache, which holds only the
+    rows' tokens after it (the module docstring); the model's attention implementation is put back after."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    why = can_share(model)
+    if why is not None:
+        raise ValueError(f"questions cannot share a prefix in one batch on this model: {why}")
+    AttentionInterface.register(IMPLEMENTATION, _shared_forward)
+    AttentionMaskInterface.register(IMPLEMENTATION, _no_mask)
+    config = model.config
+    inner = config._attn_implementation
+    token = _current.set(_Shared(prefix, remapped=inner == _REMAP))
+    config._attn_implementation = IMPLEMENTATION
+    try:
+        yield
+    finally:
+        config._attn_implementation = inner
+        _current.reset(token)
+
+
+def _no_mask(*args, **kwargs):
+    """transformers' mask-function protocol: no mask; the positions decide what each query sees."""
+    return None
+
+
+def _shared_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, **kwargs
+):
+    """transformers' attention-function protocol: q (B, H, q, D) of the rows' newest tokens, k and v
+    (B, Hk, s, D) every token of the rows after the prefix; returns (B, q, H, Dv) and no weights."""
+    shared = _current.get()
+    if shared is None:
+        raise ValueError(f"the attention implementation {IMPLEMENTATION!r} runs only inside shared_prefix()")
+    if dropout:
+        raise ValueError(f"a shared prefix takes no attention dropout, got {dropout}")
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        raise ValueError("a shared prefix scores without logit soft-capping and attention sinks")
+    if shared.remapped:
+        rotary, remap, calls = module._posenc_remap
+        calls["n"] += 1  # the remap patch checks that its layers' attention ran
+    else:
+        from ..remap import NoRemap
+
+        rotary, remap = None, NoRemap()
+    prefix = shared.prefix
+    layer = module.layer_idx
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
+    window = sliding_window or None
+    memo = shared.rotated.setdefault(layer, {}) if _position_only(rotary) else None
+    keys = _Keys(prefix.keys[layer], prefix.values[layer], key, value, prefix.length, memo)
+    first = prefix.length + key.shape[-2] - query.shape[-2]
+    out = _attend(query, keys, first, rotary, remap, scale, window)
+    return out.transpose(1, 2).contiguous(), None
+
+
+@dataclass(frozen=True)
+class _Keys:
+    """A layer's keys: the prefix's (1, Hk, n, D), then the rows' own (B, Hk, s, D) from position
+    ``length`` on."""
+
+    prefix_k: torch.Tensor
+    prefix_v: torch.Tensor
+    own_k: torch.Tensor
+    own_v: torch.Tensor
+    length: int
+    memo: dict | None = None  # view -> (positions, prefix keys rotated at them), when they can be kept
+
+    def positions(self) -> torch.Tensor:
+        n, s = self.prefix_k.shape[-2], self.own_k.shape[-2]
+        return torch.arange(self.length - n, self.length + s, device=self.own_k.device)
+
+
+def _attend(query, keys: _Keys, first: int, rotary, remap, scale: float, window) -> torch.Tensor:
+    """Queries (B, H, q, D) at positions first .. first+q-1 of every row over ``keys``: each pair scored in
+    its view of ``remap`` (one view, the true distance, without a remap), masked causally within
+    ``window``; (B, H, q, Dv). The rows' own keys are few: their scores are formed. The prefix goes through
+    torch's CPU flash kernel in the parts of :mod:`posenc.kernels.remap_blocked` (each band's mask-free
+    middle, its edges under a mask), every row and query head of a key head as one block of queries, and
+    the parts are merged by their log-sum-exps."""
+    from ..kernels.blocked_common import flash
+    from ..kernels.remap_blocked import Band, _parts
+    from ..remap.base import _within
+
+    b, h, q, _ = query.shape
+    hk, n = keys.prefix_k.shape[1], keys.prefix_k.shape[-2]
+    g = h // hk
+    i = torch.arange(first, first + q, device=query.device)
+    j = keys.positions()
+    views = remap.views(i, j)
+    if window is not None:
+        views = _within(views, window, remap)
+    bands = tuple(Band(v.lo, v.hi, v.unit) for v in views)
+    qs, prefix_ks, own_ks = _rotated(query, keys, views, rotary, remap, first + q, i, window)
+    own = query.new_full((b, hk, g, q, keys.own_k.shape[-2]), -math.inf)
+    for band, qv, ko in zip(bands, qs, own_ks, strict=True):
+        s = torch.matmul(qv.view(b, hk, g, q, -1), ko.unsqueeze(2).transpose(-1, -2)).mul_(scale)
+        own = torch.where(band.inside(i, j[n:]), s, own)
+    lse = torch.logsumexp(own, dim=-1)
+    out = torch.matmul(torch.softmax(own, dim=-1), keys.own_v.unsqueeze(2))  # (B, Hk, G, q, Dv)
+    for view, j0, j1, edge in _parts(first, first + q, n, bands, keys.length - n):
+        mask = None
+        if edge:  # one (q, keys) mask for every row and query head: the rows share their positions
+            inside = bands[view].inside(i, j[j0:j1])
+            mask = torch.zeros(inside.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                ~inside, -1e30
+            )
+            mask = mask.repeat(b * g, 1)[None, None]
+        rows = qs[view].view(b, hk, g, q, -1).transpose(0, 1).reshape(1, hk, b * g * q, -1)
+        o, l_part = flash(
+            rows, prefix_ks[view][:, :, j0:j1], keys.prefix_v[:, :, j0:j1], attn_mask=mask, scale=scale
+        )[:2]
+        o = o.view(hk, b, g, q, -1).transpose(0, 1)
+        l_part = l_part.view(hk, b, g, q).transpose(0, 1).to(lse.dtype)
+        # two normalised partial softmaxes merged: the new part's weight is sigmoid(l_part - lse)
+        out = torch.lerp(out, o.to(out.dtype), torch.sigmoid(l_part - lse)[..., None])
+        lse = torch.logaddexp(lse, l_part)
+    return out.reshape(b, h, q, -1)
+
+
+def _position_only(rotary) -> bool:
+    """Whether ``rotary`` rotates a key by its position alone (plain RoPE at a fixed schedule: no length
+    dependence, no xPos scale about a centre), so that the prefix's rotated keys hold from step to step."""
+    from ..parallel.ring import length_dependent
+    from ..rope import RotaryEmbedding
+
+    return type(rotary) is RotaryEmbedding and not length_dependent(rotary)
+
+
+def _prefix_rotated(keys: _Keys, rotary, view: int, positions, context: int, centre) -> torch.Tensor:
+    """The prefix's keys rotated at ``positions`` for view number ``view``: from the memo when it holds
+    them at the same positions."""
+    if keys.memo is not None:
+        kept = keys.memo.get(view)
+        if kept is not None and torch.equal(kept[0], positions):
+            return kept[1]
+    rotated = rotary.rotate_as(keys.prefix_k, positions, "k", context_len=context, centre=centre)
+    if keys.memo is not None:
+        keys.memo[view] = (positions, rotated)
+    return rotated
+
+
+def _rotated(query, keys: _Keys, views, rotary, remap, context: int, i: torch.Tensor, window):
+    """Per view: the queries, the prefix's keys and the rows' own keys rotated at its positions (the queries
+    times the remap's query scale); as they are without a rotary."""
+    from ..remap.base import _view_centre
+
+    n = keys.prefix_k.shape[-2]
+    if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
+        reach = context if window is None else min(context, window)
+        remap.check_length(reach, rotary.max_position_embeddings)
+    factor = remap.query_scale(i)
+    qs, prefix_ks, own_ks = [], [], []
+    for view in views:
+        qv, kp, ko = query, keys.prefix_k, keys.own_k
+        if rotary is not None:
+            centre = _view_centre(view)
+            qv = rotary.rotate_as(qv, view.q, "q", context_len=context, centre=centre)
+            kp = _prefix_rotated(keys, rotary, len(qs), view.k[:n], context, centre)
+            ko = rotary.rotate_as(ko, view.k[n:], "k", context_len=context, centre=centre)
+        if factor is not None:
+            qv = qv * factor.to(qv.dtype)[:, None]
+        qs.append(qv)
+        prefix_ks.append(kp)
+        own_ks.append(ko)
+    return qs, prefix_ks, own_ks
