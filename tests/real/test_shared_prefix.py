@@ -101,3 +101,8 @@ def test_what_it_cannot_reproduce_is_named(smollm2):
         assert "flex_attention" in can_share(smollm2.model)
     finally:
         config._attn_implementation = kept
+
+
+def test_a_model_in_half_precision_answers_one_question_at_a_time(fresh_smollm2):
+    model = fresh_smollm2.model.to(torch.bfloat16)
+    assert "torch.bfloat16" in can_share(model)

@@ -14,10 +14,11 @@ The scores are the model's own: its queries and keys as the model's attention re
 ``scaling``, its sliding window by true distance; a model patched with ``remap=`` (:mod:`posenc.hf.remap`)
 scores every pair in the view its distance falls in, as :func:`posenc.remap.remap_attention` does, with
 the queries and keys rotated per view. Exact in arithmetic; in floating point the sums run in another order
-than the model's own kernel (differences of ~1e-6 in the logits).
+than the model's own kernel.
 
 What it cannot score that way is not batched (:func:`can_share`): another attention implementation, logit
-soft-capping, attention sinks, attention dropout.
+soft-capping, attention sinks, attention dropout; and it runs on torch's CPU flash kernel, in float32 or
+float64, so a model on another device or in half precision answers one question at a time.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ _current: contextvars.ContextVar[_Shared | None] = contextvars.ContextVar(
 
 def can_share(model) -> str | None:
     """None when the batches of :func:`shared_prefix` reproduce ``model``'s attention; else why not."""
+    weight = next(model.parameters(), None)
+    if weight is not None and weight.device.type != "cpu":
+        return f"a model on {weight.device} (the batches run on torch's CPU flash kernel)"
+    if weight is not None and weight.dtype not in (torch.float32, torch.float64):
+        return f"a model in {weight.dtype} (the batches compute in float32 or float64)"
     config = model.config
     implementation = getattr(config, "_attn_implementation", None)
     if implementation not in (*_PLAIN, _REMAP):
