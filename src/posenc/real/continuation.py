@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc.real.shared_prefix import Prefix, can_share, shared_prefix
+from posenc.real.shared_prefix import Prefix, Rows, can_share, length_dependent_positions, shared_prefix
 
 __all__ = ["Answer", "Ask", "Continuation", "reserved_layer_class"]
 
@@ -139,9 +139,10 @@ class Continuation:
         self, cache, snapshot: list[dict], asks: Sequence[Ask], rows: int = DEFAULT_ROWS
     ) -> list[Answer]:
         """Every question of ``asks`` continued from the prefilled ``cache``, as :meth:`answer` would answer
-        each (the same greedy tokens but for float rounding); questions of equal length share a batch of up
-        to ``rows``, whose steps read the prefix once for all of them. A batched answer's ``seconds`` is its
-        batch's time over its questions. Answers in the order of ``asks``."""
+        each (the same greedy tokens but for float rounding), in batches of up to ``rows`` whose steps read
+        the prefix once for all of them (shortest questions first, so that a batch pads little; only
+        questions of one length share a batch where the rotary's schedule depends on the length). A batched
+        answer's ``seconds`` is its batch's time over its questions. Answers in the order of ``asks``."""
         for ask in asks:
             if len(ask.ids) == 0 or ask.max_new_tokens < 1:
                 raise ValueError(
@@ -152,63 +153,21 @@ class Continuation:
             raise ValueError(f"rows must be >= 1 questions a batch, got {rows}")
         if not self.batches:
             return [self.answer(cache, snapshot, a.ids, a.max_new_tokens, a.done) for a in asks]
-        by_length: dict[int, list[int]] = {}
-        for k, ask in enumerate(asks):
-            by_length.setdefault(len(ask.ids), []).append(k)
+        groups: dict[int, list[int]] = {}
+        apart = length_dependent_positions(self.model)
+        for k in sorted(range(len(asks)), key=lambda k: len(asks[k].ids)):
+            groups.setdefault(len(asks[k].ids) if apart else 0, []).append(k)
         found: dict[int, Answer] = {}
-        for members in by_length.values():
+        for members in groups.values():
             for a in range(0, len(members), rows):
                 batch = members[a : a + rows]
-                found.update(
-                    zip(batch, self._answer_rows(cache, snapshot, [asks[k] for k in batch]), strict=True)
-                )
+                for layer, saved in zip(cache.layers, snapshot, strict=True):
+                    _restore(layer, saved)
+                found.update(zip(batch, _Batch(self, cache, [asks[k] for k in batch]).run(), strict=True))
         return [found[k] for k in range(len(asks))]
 
-    def _answer_rows(self, cache, snapshot: list[dict], asks: list[Ask]) -> list[Answer]:
-        """Questions of one length as the rows of one batch over the shared prefix."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        t0 = time.perf_counter()
-        for layer, saved in zip(cache.layers, snapshot, strict=True):
-            _restore(layer, saved)
-        start = cache.get_seq_length()
-        prefix = Prefix([c.keys for c in cache.layers], [c.values for c in cache.layers], start)
-        own = DynamicCache(config=self.model.config)
-        own.layers = [DynamicLayer() for _ in cache.layers]  # the rows' tokens after the prefix only
-        device = self._device()
-        step = torch.tensor([list(a.ids) for a in asks], device=device)
-        written: list[list[int]] = [[] for _ in asks]
-        live = list(range(len(asks)))
-        with shared_prefix(self.model, prefix):
-            while live:
-                positions = torch.arange(start, start + step.shape[1], device=device).expand(len(live), -1)
-                out = self.model(
-                    input_ids=step,
-                    position_ids=positions,
-                    use_cache=True,
-                    logits_to_keep=1,
-                    **{self._cache_kw: own},
-                )
-                start += step.shape[1]
-                kept = [
-                    r
-                    for r, token in zip(live, out.logits[:, -1].argmax(-1).tolist(), strict=True)
-                    if self._goes_on(asks[r], written[r], token)
-                ]
-                if len(kept) < len(live):
-                    rows = torch.tensor([live.index(r) for r in kept], device=device, dtype=torch.long)
-                    for layer in own.layers:
-                        layer.batch_select_indices(rows)
-                live = kept
-                step = torch.tensor([[written[r][-1]] for r in live], device=device)
-        seconds = (time.perf_counter() - t0) / len(asks)
-        return [
-            Answer(tuple(w), self.tokenizer.decode(w, skip_special_tokens=True), seconds) for w in written
-        ]
-
     def _goes_on(self, ask: Ask, written: list[int], token: int) -> bool:
-        """Whether a row decodes on after ``token``, which it writes unless it ends the answer; as
+        """Whether an answer decodes on after ``token``, which it writes unless it ends the answer; as
         :meth:`answer` stops."""
         if token in self.stop:
             return False
@@ -216,6 +175,76 @@ class Continuation:
         if len(written) >= ask.max_new_tokens:
             return False
         return ask.done is None or not ask.done(self.tokenizer.decode(written, skip_special_tokens=True))
+
+
+class _Batch:
+    """Questions as the rows of one batch over the prefix of ``cache``: each padded on the right to the
+    longest, each answer token at its row's next position (:mod:`posenc.real.shared_prefix`)."""
+
+    def __init__(self, runner: Continuation, cache, asks: list[Ask]):
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        self.runner, self.asks = runner, asks
+        self.start = cache.get_seq_length()
+        self.prefix = Prefix([c.keys for c in cache.layers], [c.values for c in cache.layers], self.start)
+        self.own = DynamicCache(config=runner.model.config)
+        self.own.layers = [DynamicLayer() for _ in cache.layers]  # the rows' tokens after the prefix only
+        self.device = runner._device()
+
+    def run(self) -> list[Answer]:
+        t0 = time.perf_counter()
+        lengths = torch.tensor([len(a.ids) for a in self.asks], device=self.device)
+        width = int(lengths.max())
+        step = torch.tensor([list(a.ids) + [0] * (width - len(a.ids)) for a in self.asks], device=self.device)
+        span = torch.arange(self.start, self.start + width, device=self.device).expand(len(self.asks), -1)
+        rows = Rows(span, span, torch.arange(width, device=self.device) < lengths[:, None])
+        ends = sorted(set((lengths - 1).tolist()))  # the logits each row's first token comes from
+        keep = torch.tensor(ends, device=self.device)
+        written: list[list[int]] = [[] for _ in self.asks]
+        live, following = list(range(len(self.asks))), self.start + lengths
+        with shared_prefix(self.runner.model, self.prefix, rows):
+            logits = self._forward(step, rows.queries, keep)
+            picked = logits[torch.arange(len(live)), [ends.index(n - 1) for n in lengths.tolist()]]
+            while True:
+                tokens = picked.argmax(-1).tolist()
+                kept = [
+                    k
+                    for k, (r, t) in enumerate(zip(live, tokens, strict=True))
+                    if self._goes_on(r, written, t)
+                ]
+                if not kept:
+                    break
+                if len(kept) < len(live):
+                    index = torch.tensor(kept, device=self.device, dtype=torch.long)
+                    for layer in self.own.layers:
+                        layer.batch_select_indices(index)
+                    rows.select(index)
+                    following = following[index]
+                live = [live[k] for k in kept]
+                at = following[:, None]
+                rows.queries = at
+                rows.positions = torch.cat((rows.positions, at), dim=1)
+                rows.valid = torch.cat((rows.valid, torch.ones_like(at, dtype=torch.bool)), dim=1)
+                step = torch.tensor([[written[r][-1]] for r in live], device=self.device)
+                picked = self._forward(step, at, 1)[:, -1]
+                following = following + 1
+        seconds = (time.perf_counter() - t0) / len(self.asks)
+        decode = self.runner.tokenizer.decode
+        return [Answer(tuple(w), decode(w, skip_special_tokens=True), seconds) for w in written]
+
+    def _goes_on(self, r: int, written: list[list[int]], token: int) -> bool:
+        return self.runner._goes_on(self.asks[r], written[r], token)
+
+    def _forward(self, step: torch.Tensor, positions: torch.Tensor, keep) -> torch.Tensor:
+        out = self.runner.model(
+            input_ids=step,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=keep,
+            **{self.runner._cache_kw: self.own},
+        )
+        return out.logits
 
 
 def _stop_tokens(model, tokenizer) -> frozenset[int]:

@@ -2,8 +2,9 @@
 
 A trial's questions continue the same long prefix. Decoding them one at a time reads the prefix's keys and
 values once per question and decoded token, and that read is most of a step's cost at 8K tokens and more.
-Here the rows of one batch are questions of equal length, so every row's queries sit at the same positions;
-the cache of the batch holds only the rows' own tokens (the suffix, rows x tokens), and the attention
+Here the rows of one batch are questions, each at its own positions after the prefix (a shorter question is
+padded on the right, its padding never seen); the cache of the batch holds only the rows' own tokens (rows x
+tokens), and the attention
 implementation ``posenc_shared_prefix`` scores each query against the prefix's keys, held once (batch 1),
 and against its own row's suffix, in one softmax over both. The queries of all rows and all query heads of
 a key head are one matrix against that key head's prefix keys, so the prefix is read once per step for the
@@ -31,13 +32,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["IMPLEMENTATION", "Prefix", "can_share", "shared_prefix"]
+__all__ = ["IMPLEMENTATION", "Prefix", "Rows", "can_share", "length_dependent_positions", "shared_prefix"]
 
 IMPLEMENTATION = "posenc_shared_prefix"
 # the implementations whose scores this reproduces: softmax(q k^T * scaling), masked causally within the
 # layer's window; posenc's remap adds its views
 _PLAIN = ("sdpa", "eager")
 _REMAP = "posenc_remap"
+_MASKED = -1e30
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,21 @@ class Prefix:
     length: int
 
 
+@dataclass
+class Rows:
+    """Where the rows of a batch are, set by the caller before each forward: ``queries`` (B, q) the positions
+    of the tokens it feeds, ``positions`` (B, s) those of every token of each row's own cache, the fed ones
+    last, and ``valid`` (B, s) which of them a row holds (not padding)."""
+
+    queries: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices), as the cache keeps them."""
+        self.queries, self.positions, self.valid = self.queries[rows], self.positions[rows], self.valid[rows]
+
+
 @dataclass(frozen=True)
 class _Shared:
     """What the forward calls inside :func:`shared_prefix` read: the prefix, whether the model is remapped,
@@ -58,6 +75,7 @@ class _Shared:
     from step to step where the rotation depends on the positions alone."""
 
     prefix: Prefix
+    rows: Rows
     remapped: bool
     rotated: dict = field(default_factory=dict)
 
@@ -86,10 +104,40 @@ def can_share(model) -> str | None:
     return None
 
 
+# transformers' rope types whose frequencies do not depend on the sequence's length
+_FIXED_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+
+def length_dependent_positions(model) -> bool:
+    """Whether ``model``'s rotary schedule depends on the length of the call (dynamic NTK, LongRoPE): its
+    rows are then batched only with rows at the same positions, since the schedule of a call is taken at its
+    longest row (as transformers does) and a shorter row alone would see another. Read from posenc's
+    rotaries where the model is patched, else from transformers' rotary modules (an unknown rope type
+    counts as dependent)."""
+    from ..parallel.ring import length_dependent
+
+    for module in model.modules():
+        rotary = getattr(module, "posenc_rotary", None)
+        state = getattr(module, "_posenc_state", None)
+        if rotary is not None:
+            if length_dependent(rotary):
+                return True
+        elif state is not None:
+            if any(lp.rope is not None and length_dependent(lp.rope.module()) for lp in state.plan):
+                return True
+        else:
+            kinds = getattr(module, "rope_type", None)
+            kinds = kinds.values() if isinstance(kinds, dict) else [] if kinds is None else [kinds]
+            if any(kind not in _FIXED_ROPE_TYPES for kind in kinds):
+                return True
+    return False
+
+
 @contextlib.contextmanager
-def shared_prefix(model, prefix: Prefix) -> Iterator[None]:
+def shared_prefix(model, prefix: Prefix, rows: Rows) -> Iterator[None]:
     """Within it, ``model``'s forward calls attend over ``prefix`` and their own cache, which holds only the
-    rows' tokens after it (the module docstring); the model's attention implementation is put back after."""
+    rows' tokens after it, where ``rows`` says they are (the module docstring); the model's attention
+    implementation is put back after."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -100,7 +148,7 @@ def shared_prefix(model, prefix: Prefix) -> Iterator[None]:
     AttentionMaskInterface.register(IMPLEMENTATION, _no_mask)
     config = model.config
     inner = config._attn_implementation
-    token = _current.set(_Shared(prefix, remapped=inner == _REMAP))
+    token = _current.set(_Shared(prefix, rows, remapped=inner == _REMAP))
     config._attn_implementation = IMPLEMENTATION
     try:
         yield
@@ -138,67 +186,72 @@ def _shared_forward(
     scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else scaling
     window = sliding_window or None
     memo = shared.rotated.setdefault(layer, {}) if _position_only(rotary) else None
-    keys = _Keys(prefix.keys[layer], prefix.values[layer], key, value, prefix.length, memo)
-    first = prefix.length + key.shape[-2] - query.shape[-2]
-    out = _attend(query, keys, first, rotary, remap, scale, window)
+    rows = shared.rows
+    if rows.positions.shape != key.shape[::2][:2] or rows.queries.shape != query.shape[::2][:2]:
+        raise ValueError(
+            f"the rows' positions {tuple(rows.queries.shape)} and {tuple(rows.positions.shape)} do not match "
+            f"their queries {tuple(query.shape)} and keys {tuple(key.shape)}"
+        )
+    keys = _Keys(prefix.keys[layer], prefix.values[layer], key, value, prefix.length, rows, memo)
+    out = _attend(query, keys, rows.queries, rotary, remap, scale, window)
     return out.transpose(1, 2).contiguous(), None
 
 
 @dataclass(frozen=True)
 class _Keys:
-    """A layer's keys: the prefix's (1, Hk, n, D), then the rows' own (B, Hk, s, D) from position
-    ``length`` on."""
+    """A layer's keys: the prefix's (1, Hk, n, D), the last n of its ``length`` tokens, then the rows' own
+    (B, Hk, s, D) where ``rows`` puts them."""
 
     prefix_k: torch.Tensor
     prefix_v: torch.Tensor
     own_k: torch.Tensor
     own_v: torch.Tensor
     length: int
+    rows: Rows
     memo: dict | None = None  # view -> (positions, prefix keys rotated at them), when they can be kept
 
-    def positions(self) -> torch.Tensor:
-        n, s = self.prefix_k.shape[-2], self.own_k.shape[-2]
-        return torch.arange(self.length - n, self.length + s, device=self.own_k.device)
+    def prefix_positions(self) -> torch.Tensor:
+        n = self.prefix_k.shape[-2]
+        return torch.arange(self.length - n, self.length, device=self.own_k.device)
 
 
-def _attend(query, keys: _Keys, first: int, rotary, remap, scale: float, window) -> torch.Tensor:
-    """Queries (B, H, q, D) at positions first .. first+q-1 of every row over ``keys``: each pair scored in
-    its view of ``remap`` (one view, the true distance, without a remap), masked causally within
-    ``window``; (B, H, q, Dv). The rows' own keys are few: their scores are formed. The prefix goes through
-    torch's CPU flash kernel in the parts of :mod:`posenc.kernels.remap_blocked` (each band's mask-free
-    middle, its edges under a mask), every row and query head of a key head as one block of queries, and
-    the parts are merged by their log-sum-exps."""
+def _attend(query, keys: _Keys, at: torch.Tensor, rotary, remap, scale: float, window) -> torch.Tensor:
+    """Queries (B, H, q, D), row b's at positions ``at[b]`` (B, q), over ``keys``: each pair scored in its
+    view of ``remap`` (one view, the true distance, without a remap), masked causally within ``window``;
+    (B, H, q, Dv). The rows' own keys are few: their scores are formed, padding masked. The prefix goes
+    through torch's CPU flash kernel in the parts of :mod:`posenc.kernels.remap_blocked` (each band's
+    mask-free middle for every query of the batch, its edges under a mask), every row and query head of a
+    key head as one block of queries, and the parts are merged by their log-sum-exps."""
     from ..kernels.blocked_common import flash
     from ..kernels.remap_blocked import Band, _parts
-    from ..remap.base import _within
 
     b, h, q, _ = query.shape
     hk, n = keys.prefix_k.shape[1], keys.prefix_k.shape[-2]
     g = h // hk
-    i = torch.arange(first, first + q, device=query.device)
-    j = keys.positions()
-    views = remap.views(i, j)
-    if window is not None:
-        views = _within(views, window, remap)
-    bands = tuple(Band(v.lo, v.hi, v.unit) for v in views)
-    qs, prefix_ks, own_ks = _rotated(query, keys, views, rotary, remap, first + q, i, window)
-    own = query.new_full((b, hk, g, q, keys.own_k.shape[-2]), -math.inf)
+    i = at.reshape(-1)
+    j = keys.prefix_positions()
+    on_prefix, on_own = _views(remap, i, j, keys.rows.positions.reshape(-1), window)
+    bands = tuple(Band(v.lo, v.hi, v.unit) for v in on_prefix)
+    qs, prefix_ks, own_ks = _rotated(query, keys, on_prefix, on_own, rotary, remap, at, window)
+    # finite: a padding query may see no key at all, and must not turn its row's values into NaN
+    own = query.new_full((b, hk, g, q, keys.own_k.shape[-2]), _MASKED)
     for band, qv, ko in zip(bands, qs, own_ks, strict=True):
         s = torch.matmul(qv.view(b, hk, g, q, -1), ko.unsqueeze(2).transpose(-1, -2)).mul_(scale)
-        own = torch.where(band.inside(i, j[n:]), s, own)
+        inside = torch.stack([band.inside(at[r], keys.rows.positions[r]) for r in range(b)])
+        own = torch.where((inside & keys.rows.valid[:, None]).view(b, 1, 1, q, -1), s, own)
     lse = torch.logsumexp(own, dim=-1)
     out = torch.matmul(torch.softmax(own, dim=-1), keys.own_v.unsqueeze(2))  # (B, Hk, G, q, Dv)
-    for view, j0, j1, edge in _parts(first, first + q, n, bands, keys.length - n):
+    for view, j0, j1, edge in _parts(int(i.min()), int(i.max()) + 1, n, bands, keys.length - n):
         mask = None
-        if edge:  # one (q, keys) mask for every row and query head: the rows share their positions
-            inside = bands[view].inside(i, j[j0:j1])
+        if edge:  # (B, q, keys) as (B * G * q, keys), the order of the block of queries
+            inside = bands[view].inside(i, j[j0:j1]).view(b, 1, q, -1).expand(b, g, q, -1)
             mask = torch.zeros(inside.shape, dtype=query.dtype, device=query.device).masked_fill_(
-                ~inside, -1e30
+                ~inside, _MASKED
             )
-            mask = mask.repeat(b * g, 1)[None, None]
-        rows = qs[view].view(b, hk, g, q, -1).transpose(0, 1).reshape(1, hk, b * g * q, -1)
+            mask = mask.reshape(1, 1, b * g * q, -1)
+        block = qs[view].view(b, hk, g, q, -1).transpose(0, 1).reshape(1, hk, b * g * q, -1)
         o, l_part = flash(
-            rows, prefix_ks[view][:, :, j0:j1], keys.prefix_v[:, :, j0:j1], attn_mask=mask, scale=scale
+            block, prefix_ks[view][:, :, j0:j1], keys.prefix_v[:, :, j0:j1], attn_mask=mask, scale=scale
         )[:2]
         o = o.view(hk, b, g, q, -1).transpose(0, 1)
         l_part = l_part.view(hk, b, g, q).transpose(0, 1).to(lse.dtype)
@@ -206,6 +259,19 @@ def _attend(query, keys: _Keys, first: int, rotary, remap, scale: float, window)
         out = torch.lerp(out, o.to(out.dtype), torch.sigmoid(l_part - lse)[..., None])
         lse = torch.logaddexp(lse, l_part)
     return out.reshape(b, h, q, -1)
+
+
+def _views(remap, i: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, window):
+    """``remap``'s views for the queries at ``i`` against the prefix's keys and against the rows' own keys
+    (positions flattened: the views are elementwise in them), limited to ``window``."""
+    from ..remap.base import _within
+
+    views = remap.views(i, prefix), remap.views(i, own)
+    if window is not None:
+        views = tuple(_within(v, window, remap) for v in views)
+    if [(v.lo, v.hi, v.unit) for v in views[0]] != [(v.lo, v.hi, v.unit) for v in views[1]]:
+        raise ValueError(f"{remap!r} gave other bands for the prefix's keys than for the rows' own")
+    return views
 
 
 def _position_only(rotary) -> bool:
@@ -230,26 +296,27 @@ def _prefix_rotated(keys: _Keys, rotary, view: int, positions, context: int, cen
     return rotated
 
 
-def _rotated(query, keys: _Keys, views, rotary, remap, context: int, i: torch.Tensor, window):
+def _rotated(query, keys: _Keys, on_prefix, on_own, rotary, remap, at: torch.Tensor, window):
     """Per view: the queries, the prefix's keys and the rows' own keys rotated at its positions (the queries
-    times the remap's query scale); as they are without a rotary."""
+    times the remap's query scale); as they are without a rotary. ``at``: the queries' positions (B, q)."""
     from ..remap.base import _view_centre
 
-    n = keys.prefix_k.shape[-2]
+    b, q = at.shape
+    context = int(at.max()) + 1  # the rows share one schedule: see length_dependent_positions
     if rotary is not None and rotary.scaling is None:  # a scaled schedule extends the trained length itself
         reach = context if window is None else min(context, window)
         remap.check_length(reach, rotary.max_position_embeddings)
-    factor = remap.query_scale(i)
+    factor = remap.query_scale(at.reshape(-1))
     qs, prefix_ks, own_ks = [], [], []
-    for view in views:
+    for view, mine in zip(on_prefix, on_own, strict=True):
         qv, kp, ko = query, keys.prefix_k, keys.own_k
         if rotary is not None:
             centre = _view_centre(view)
-            qv = rotary.rotate_as(qv, view.q, "q", context_len=context, centre=centre)
-            kp = _prefix_rotated(keys, rotary, len(qs), view.k[:n], context, centre)
-            ko = rotary.rotate_as(ko, view.k[n:], "k", context_len=context, centre=centre)
+            qv = rotary.rotate_as(qv, view.q.view(b, q), "q", context_len=context, centre=centre)
+            kp = _prefix_rotated(keys, rotary, len(qs), view.k, context, centre)
+            ko = rotary.rotate_as(ko, mine.k.view(b, -1), "k", context_len=context, centre=centre)
         if factor is not None:
-            qv = qv * factor.to(qv.dtype)[:, None]
+            qv = qv * factor.to(qv.dtype).view(b, 1, q, 1)
         qs.append(qv)
         prefix_ks.append(kp)
         own_ks.append(ko)
