@@ -123,3 +123,26 @@ def test_batched_questions_refuse_what_they_cannot_run(smollm2):
         runner.answers(cache, snapshot, [Ask((4,), 2), Ask((), 2)])
     with pytest.raises(ValueError, match="rows must be >= 1"):
         runner.answers(cache, snapshot, [Ask((4,), 2)], rows=0)
+
+
+def test_a_length_dependent_schedule_batches_only_questions_of_one_length(fresh_smollm2, real_text):
+    from posenc.hf import patch_model, unpatch_model
+    from posenc.real.methods import method_rotary
+    from posenc.real.shared_prefix import length_dependent_positions
+
+    model, tokenizer = fresh_smollm2.model, fresh_smollm2.tokenizer
+    assert not length_dependent_positions(model)
+    patch_model(model, rotary=method_rotary(model.config, "yarn", factor=4.0, train_len=256))
+    assert not length_dependent_positions(model)
+    unpatch_model(model)
+    # dynamic NTK takes the schedule of a call at its longest row: a shorter row batched with a longer one
+    # would see another schedule than alone
+    patch_model(model, rotary=method_rotary(model.config, "dynamic", factor=4.0, train_len=64))
+    assert length_dependent_positions(model)
+    ids = real_text[0].tolist() * 8
+    prefix, questions = ids[:300], [ids[300:303], ids[400:700], ids[500:503]]  # a long row beside short
+    runner = Continuation(model, tokenizer)
+    cache, snapshot = runner.prefill(prefix)
+    alone = [runner.answer(cache, snapshot, q, 8) for q in questions]
+    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 8) for q in questions])
+    assert [a.tokens for a in batched] == [a.tokens for a in alone]
