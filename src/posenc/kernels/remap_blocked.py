@@ -30,7 +30,7 @@ from .blocked_common import flash as _flash
 from .blocked_common import flash_bwd as _flash_bwd
 from .blocked_common import work_dtype as _work_dtype
 
-__all__ = ["BLOCK", "Band", "remap_attention_blocked"]
+__all__ = ["BLOCK", "Band", "band_parts", "remap_attention_blocked"]
 
 BLOCK = 512
 _MASKED = -1e30  # finite: a row masked out of a whole part must not turn into NaN
@@ -64,7 +64,7 @@ class Band:
         return first, last, full0, full1
 
 
-def _parts(p0: int, p1: int, k_len: int, bands, offset: int):
+def band_parts(p0: int, p1: int, k_len: int, bands, offset: int):
     """(view, j0, j1, edge) for the queries at absolute positions [p0, p1), as key indices [j0, j1) (index =
     position - offset): each band's mask-free middle (edge False) and its edges (edge True)."""
     for view, band in enumerate(bands):
@@ -123,7 +123,7 @@ class BlockedRemapAttention(torch.autograd.Function):
         sink = None if sinks is None else sinks.detach().to(work)[None, :, None]  # (1, H, 1)
         for t0, t1, p0, p1 in _blocks(lq, lk, block, offset):
             o_all = l_all = None
-            for view, j0, j1, edge in _parts(p0, p1, lk, bands, offset):
+            for view, j0, j1, edge in band_parts(p0, p1, lk, bands, offset):
                 mask = masks(view, p0, p1, j0, j1) if edge else None
                 o_p, l_p = _flash(
                     qs[view, :, :, t0:t1], ks[view, :, :, j0:j1], vw[:, :, j0:j1], attn_mask=mask, scale=scale
@@ -155,7 +155,7 @@ class BlockedRemapAttention(torch.autograd.Function):
         masks = _EdgeMasks(bands, work, qs.device, offset)
         for t0, t1, p0, p1 in _blocks(lq, lk, block, offset):
             gob, ob, lb = go[:, :, t0:t1], out[:, :, t0:t1], lse[:, :, t0:t1].contiguous()
-            for view, j0, j1, edge in _parts(p0, p1, lk, bands, offset):
+            for view, j0, j1, edge in band_parts(p0, p1, lk, bands, offset):
                 mask = masks(view, p0, p1, j0, j1) if edge else None
                 q_part, k_part, v_part = qs[view, :, :, t0:t1], ks[view, :, :, j0:j1], vw[:, :, j0:j1]
                 dq, dk, dvp = _flash_bwd(

@@ -223,7 +223,7 @@ def _attend(query, keys: _Keys, at: torch.Tensor, rotary, remap, scale: float, w
     mask-free middle for every query of the batch, its edges under a mask), every row and query head of a
     key head as one block of queries, and the parts are merged by their log-sum-exps."""
     from ..kernels.blocked_common import flash
-    from ..kernels.remap_blocked import Band, _parts
+    from ..kernels.remap_blocked import Band, band_parts
 
     b, h, q, _ = query.shape
     hk, n = keys.prefix_k.shape[1], keys.prefix_k.shape[-2]
@@ -241,7 +241,7 @@ def _attend(query, keys: _Keys, at: torch.Tensor, rotary, remap, scale: float, w
         own = torch.where((inside & keys.rows.valid[:, None]).view(b, 1, 1, q, -1), s, own)
     lse = torch.logsumexp(own, dim=-1)
     out = torch.matmul(torch.softmax(own, dim=-1), keys.own_v.unsqueeze(2))  # (B, Hk, G, q, Dv)
-    for view, j0, j1, edge in _parts(int(i.min()), int(i.max()) + 1, n, bands, keys.length - n):
+    for view, j0, j1, edge in band_parts(int(i.min()), int(i.max()) + 1, n, bands, keys.length - n):
         mask = None
         if edge:  # (B, q, keys) as (B * G * q, keys), the order of the block of queries
             inside = bands[view].inside(i, j[j0:j1]).view(b, 1, q, -1).expand(b, g, q, -1)
@@ -264,11 +264,11 @@ def _attend(query, keys: _Keys, at: torch.Tensor, rotary, remap, scale: float, w
 def _views(remap, i: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, window):
     """``remap``'s views for the queries at ``i`` against the prefix's keys and against the rows' own keys
     (positions flattened: the views are elementwise in them), limited to ``window``."""
-    from ..remap.base import _within
+    from ..remap.base import views_within
 
     views = remap.views(i, prefix), remap.views(i, own)
     if window is not None:
-        views = tuple(_within(v, window, remap) for v in views)
+        views = tuple(views_within(v, window, remap) for v in views)
     if [(v.lo, v.hi, v.unit) for v in views[0]] != [(v.lo, v.hi, v.unit) for v in views[1]]:
         raise ValueError(f"{remap!r} gave other bands for the prefix's keys than for the rows' own")
     return views
@@ -299,7 +299,7 @@ def _prefix_rotated(keys: _Keys, rotary, view: int, positions, context: int, cen
 def _rotated(query, keys: _Keys, on_prefix, on_own, rotary, remap, at: torch.Tensor, window):
     """Per view: the queries, the prefix's keys and the rows' own keys rotated at its positions (the queries
     times the remap's query scale); as they are without a rotary. ``at``: the queries' positions (B, q)."""
-    from ..remap.base import _view_centre
+    from ..remap.base import view_centre
 
     b, q = at.shape
     context = int(at.max()) + 1  # the rows share one schedule: see length_dependent_positions
@@ -311,7 +311,7 @@ def _rotated(query, keys: _Keys, on_prefix, on_own, rotary, remap, at: torch.Ten
     for view, mine in zip(on_prefix, on_own, strict=True):
         qv, kp, ko = query, keys.prefix_k, keys.own_k
         if rotary is not None:
-            centre = _view_centre(view)
+            centre = view_centre(view)
             qv = rotary.rotate_as(qv, view.q.view(b, q), "q", context_len=context, centre=centre)
             kp = _prefix_rotated(keys, rotary, len(qs), view.k, context, centre)
             ko = rotary.rotate_as(ko, mine.k.view(b, -1), "k", context_len=context, centre=centre)

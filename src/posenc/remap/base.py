@@ -27,7 +27,7 @@ from ..kernels.query_blocked import query_blocked_attention
 from ..kernels.remap_blocked import Band, remap_attention_blocked
 from ..kernels.remap_flex import remap_attention_flex
 
-__all__ = ["NoRemap", "Remap", "View", "check_sinks", "remap_attention"]
+__all__ = ["NoRemap", "Remap", "View", "check_sinks", "remap_attention", "view_centre", "views_within"]
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _checked_kernel(kernel: str | None, q, k, v, sinks) -> str:
     return kernel
 
 
-def _within(views: tuple[View, ...], window: int, remap: Remap) -> tuple[View, ...]:
+def views_within(views: tuple[View, ...], window: int, remap: Remap) -> tuple[View, ...]:
     """The views restricted to true distances below ``window`` (sliding-window attention)."""
     if any(v.unit != 1 for v in views):
         raise ValueError(f"window= limits distances in tokens; {remap!r} bands distances in chunks")
@@ -249,7 +249,7 @@ def _rotated_views(q, k, rotary, remap: Remap, offset: int, window: int | None):
     i = j[lk - lq :]
     views = remap.views(i, j)
     if window is not None:
-        views = _within(views, window, remap)
+        views = views_within(views, window, remap)
     context = offset + lk
     qs, ks = [], []
     factor = remap.query_scale(i)
@@ -257,7 +257,7 @@ def _rotated_views(q, k, rotary, remap: Remap, offset: int, window: int | None):
         if rotary is None:
             qv, kv = q, k
         else:  # queries as queries, keys as keys (xPos scales them apart), about one centre per view
-            centre = _view_centre(view)
+            centre = view_centre(view)
             qv = rotary.rotate_as(q, view.q, "q", context_len=context, centre=centre)
             kv = rotary.rotate_as(k, view.k, "k", context_len=context, centre=centre)
         if factor is not None:
@@ -267,7 +267,7 @@ def _rotated_views(q, k, rotary, remap: Remap, offset: int, window: int | None):
     return qs, ks, tuple(Band(w.lo, w.hi, w.unit) for w in views)
 
 
-def _view_centre(view: View) -> torch.Tensor:
+def view_centre(view: View) -> torch.Tensor:
     """The middle of a view's query and key positions, rounded up, as a (1,) tensor (read on no device):
     a pair's score only ever meets the queries and keys of one view, so each view may centre xPos's
     factors on its own positions, which keeps them small; for the true positions, the middle of the keys,
