@@ -7,9 +7,9 @@ Every question therefore sees exactly the cache a fresh forward of ``prefix + qu
 tests check it token for token against ``model.generate`` on the whole prompt), at the cost of one long
 forward per trial instead of one per question.
 
-:meth:`Continuation.answers` answers many questions of one prefix: those of equal length run as the rows of
-one batch whose attention reads the prefix once per step for all of them (:mod:`posenc.real.shared_prefix`),
-where the model's attention allows it, else one at a time.
+:meth:`Continuation.answers` answers many questions of one prefix as the rows of batches whose attention reads
+the prefix once per step for all of them (:mod:`posenc.real.shared_prefix`), where the model's attention
+allows it, else one at a time.
 
 The snapshot holds references, not copies. A full-attention layer keeps its keys and values in a buffer
 reserved past the prefix (:func:`reserved_layer_class`): a question writes its tokens after the prefix and the
