@@ -118,8 +118,7 @@ class Continuation:
                 f"a question needs tokens and max_new_tokens >= 1, got {len(ids)} tokens and {max_new_tokens}"
             )
         t0 = time.perf_counter()
-        for layer, saved in zip(cache.layers, snapshot, strict=True):
-            _restore(layer, saved)
+        _restore_all(cache, snapshot)
         step = torch.as_tensor(list(ids), device=self._device())[None]
         written: list[int] = []
         for _ in range(max_new_tokens):
@@ -161,8 +160,7 @@ class Continuation:
         for members in groups.values():
             for a in range(0, len(members), rows):
                 batch = members[a : a + rows]
-                for layer, saved in zip(cache.layers, snapshot, strict=True):
-                    _restore(layer, saved)
+                _restore_all(cache, snapshot)
                 found.update(zip(batch, _Batch(self, cache, [asks[k] for k in batch]).run(), strict=True))
         return [found[k] for k in range(len(asks))]
 
@@ -211,7 +209,7 @@ class _Batch:
                 kept = [
                     k
                     for k, (r, t) in enumerate(zip(live, tokens, strict=True))
-                    if self._goes_on(r, written, t)
+                    if self.runner._goes_on(self.asks[r], written[r], t)
                 ]
                 if not kept:
                     break
@@ -232,9 +230,6 @@ class _Batch:
         seconds = (time.perf_counter() - t0) / len(self.asks)
         decode = self.runner.tokenizer.decode
         return [Answer(tuple(w), decode(w, skip_special_tokens=True), seconds) for w in written]
-
-    def _goes_on(self, r: int, written: list[list[int]], token: int) -> bool:
-        return self.runner._goes_on(self.asks[r], written[r], token)
 
     def _forward(self, step: torch.Tensor, positions: torch.Tensor, keep) -> torch.Tensor:
         out = self.runner.model(
@@ -310,6 +305,12 @@ def _snapshot(layer) -> dict:
             f"{type(layer).__name__} writes in place"
         )
     return copy.copy(vars(layer))
+
+
+def _restore_all(cache, snapshot: list[dict]) -> None:
+    """Every layer of ``cache`` back to its state in ``snapshot``: the prefix alone."""
+    for layer, saved in zip(cache.layers, snapshot, strict=True):
+        _restore(layer, saved)
 
 
 def _restore(layer, saved: dict) -> None:
