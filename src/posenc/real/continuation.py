@@ -40,8 +40,9 @@ __all__ = ["Answer", "Ask", "Continuation", "reserved_layer_class"]
 # room left after the prefix for a question and its answer when the caller does not say; a longer one grows
 # the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
 DEFAULT_RESERVE = 256
-# questions decoded together at most: the scores of a step grow with the rows, the prefix is read once
-DEFAULT_ROWS = 16
+# questions decoded together at most: the scores of a step grow with the rows, the prefix is read once; a
+# trial of the cpu budget (20 questions) is one batch
+DEFAULT_ROWS = 32
 
 
 @dataclass(frozen=True)
