@@ -29,7 +29,7 @@ def test_each_answer_is_greedy_decoding_of_the_whole_prompt(name, request, real_
     real = request.getfixturevalue(name)
     model, tokenizer = real.model, real.tokenizer
     # Gemma's sliding layers keep the last 511 keys: a prefix past its window tests their restore too
-    prefix, questions = _prompt(tokenizer, real_text, 700)
+    prefix, questions = _prompt(tokenizer, real_text, 560)
     # two of each length but one: batches of two, a row alone, rows that stop at different tokens
     questions = questions + [q[::-1] for q in questions[:2]]
     expected = [_generate(model, prefix + q, 8, Continuation(model, tokenizer).stop) for q in questions]

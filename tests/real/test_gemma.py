@@ -28,6 +28,12 @@ def _sabotage(model) -> None:
                     buffer.mul_(1.37)
 
 
+def _final_states(model, ids):
+    """The last layer's normed states at every position (B, L, 640): what the logits are a linear function
+    of, without the 262,144-word head over every position (most of a forward's time at 1024 tokens)."""
+    return model.model(input_ids=ids).last_hidden_state
+
+
 def test_the_real_model_is_gemma_3_270m_as_its_card_says(gemma):
     config = gemma.model.config
     plan = position_plan(config)
@@ -44,23 +50,23 @@ def test_patched_prefill_and_greedy_decoding_match_the_model_with_its_rotary_sab
     text = Path(json.decoder.__file__).read_text() * 4
     ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :1024]
     with torch.inference_mode():
-        expected = model(input_ids=ids).logits
+        expected = _final_states(model, ids)
         greedy = model.generate(ids[:, :900], max_new_tokens=12, do_sample=False)
     _sabotage(model)
     with torch.inference_mode():
-        broken = model(input_ids=ids).logits
+        broken = _final_states(model, ids)
     calls = []
     real = window_module.remap_attention
     monkeypatch.setattr(window_module, "remap_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
     patch_model(model)
     try:
         with torch.inference_mode():
-            got = model(input_ids=ids).logits
+            got = _final_states(model, ids)
             decoded = model.generate(ids[:, :900], max_new_tokens=12, do_sample=False)
     finally:
         unpatch_model(model)
     scale = expected.abs().max().item()
     assert (broken - expected).abs().max().item() > 0.1 * scale  # the sabotage shows without posenc
-    assert (got - expected).abs().max().item() < 2e-5 * scale  # measured 2.6e-4 on a scale of 51
+    assert (got - expected).abs().max().item() < 2e-5 * scale  # measured 4.3e-4 on a scale of 118
     assert torch.equal(decoded, greedy)
     assert len(calls) >= 15  # the 15 sliding layers of the prefill ran on posenc's windowed kernel

@@ -13,8 +13,8 @@ from posenc.cli import main
 from posenc.real import trials as trials_module
 from posenc.real.tasks import make_trials, score
 
-SMOLLM2 = ["--lengths", "448,896", "--train-len", "448", "--methods", "none,yarn,selfextend"]
-GEMMA = ["--lengths", "1280", "--train-len", "640", "--methods", "none,yarn,nope-global-temp"]
+SMOLLM2 = ["--lengths", "352,704", "--train-len", "352", "--methods", "none,yarn,selfextend"]
+GEMMA = ["--lengths", "768", "--train-len", "384", "--methods", "none,yarn,nope-global-temp"]
 COMMON = ["--tasks", "passkey,niah_noise", "--trials", "1", "--questions", "2", "--windows", "1"]
 COMMON += ["--answer-tokens", "12", "--no-progress", "--no-plot"]
 
@@ -49,21 +49,21 @@ def every_method_answers_the_same_questions_at_every_length(smollm2_run):
     keys: dict[tuple, list] = {}
     for e in entries:
         keys.setdefault((e["method"], e["length"]), []).append(e["trial"])
-    assert set(keys) == {(m, n) for m in ("none", "yarn", "selfextend") for n in (448, 896)}
-    for n in (448, 896):  # one set of questions per length, the same for every method
+    assert set(keys) == {(m, n) for m in ("none", "yarn", "selfextend") for n in (352, 704)}
+    for n in (352, 704):  # one set of questions per length, the same for every method
         assert len({tuple(sorted(ids)) for (m, length), ids in keys.items() if length == n}) == 1
     assert all(len(ids) == 3 for ids in keys.values())  # passkey asks once, niah_noise twice
     assert {e["task"] for e in entries} == {"passkey", "niah_noise"}
     costs = payload["trial_costs"]
-    assert costs["448"]["questions"] == 3 * 3 and costs["448"]["forwards"] == 3 * 2
+    assert costs["352"]["questions"] == 3 * 3 and costs["352"]["forwards"] == 3 * 2
 
 
 def an_answer_is_transformers_greedy_decoding_of_the_whole_prompt(smollm2_run, smollm2):
-    """The model as trained at 448 tokens: no patch changes it, so the unpatched model's own generate on
+    """The model as trained at 352 tokens: no patch changes it, so the unpatched model's own generate on
     prefix + question must write the saved answer."""
     _, payload = smollm2_run
-    trial = make_trials("niah_noise", smollm2.tokenizer, 448, 1, seed=0, questions=2)[0]
-    saved = {e["trial"]: e for e in payload["trials"] if e["method"] == "none" and e["length"] == 448}
+    trial = make_trials("niah_noise", smollm2.tokenizer, 352, 1, seed=0, questions=2)[0]
+    saved = {e["trial"]: e for e in payload["trials"] if e["method"] == "none" and e["length"] == 352}
     for i, q in enumerate(trial.questions):
         with torch.inference_mode():
             out = smollm2.model.generate(
@@ -106,7 +106,7 @@ def test_gemma_runs_its_plans_on_the_tasks(gemma3_folder, corpus, tmp_path):
     payload = _extend(gemma3_folder, corpus, tmp_path, [*GEMMA, "--tasks", "passkey"])
     plans = {r["method"]: r["plan"] for r in payload["results"]}
     assert any(
-        "NoPE | full" in line and "query x max(1,ln(p+1)/ln 640)" in line
+        "NoPE | full" in line and "query x max(1,ln(p+1)/ln 384)" in line
         for line in plans["nope-global-temp"]
     )
     assert any("yarn x2" in line and "full" in line for line in plans["yarn"])
