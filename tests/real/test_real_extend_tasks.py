@@ -13,7 +13,8 @@ from posenc.cli import main
 from posenc.real import trials as trials_module
 from posenc.real.tasks import make_trials, score
 
-SMOLLM2 = ["--lengths", "352,704", "--train-len", "352", "--methods", "none,yarn,selfextend"]
+N, LONG = 352, 704  # SmolLM2 run with its trained length taken as N, and at 2N
+SMOLLM2 = ["--lengths", f"{N},{LONG}", "--train-len", str(N), "--methods", "none,yarn,selfextend"]
 GEMMA = ["--lengths", "768", "--train-len", "384", "--methods", "none,yarn,nope-global-temp"]
 COMMON = ["--tasks", "passkey,niah_noise", "--trials", "1", "--questions", "2", "--windows", "1"]
 COMMON += ["--answer-tokens", "12", "--no-progress", "--no-plot"]
@@ -49,21 +50,21 @@ def every_method_answers_the_same_questions_at_every_length(smollm2_run):
     keys: dict[tuple, list] = {}
     for e in entries:
         keys.setdefault((e["method"], e["length"]), []).append(e["trial"])
-    assert set(keys) == {(m, n) for m in ("none", "yarn", "selfextend") for n in (352, 704)}
-    for n in (352, 704):  # one set of questions per length, the same for every method
+    assert set(keys) == {(m, n) for m in ("none", "yarn", "selfextend") for n in (N, LONG)}
+    for n in (N, LONG):  # one set of questions per length, the same for every method
         assert len({tuple(sorted(ids)) for (m, length), ids in keys.items() if length == n}) == 1
     assert all(len(ids) == 3 for ids in keys.values())  # passkey asks once, niah_noise twice
     assert {e["task"] for e in entries} == {"passkey", "niah_noise"}
     costs = payload["trial_costs"]
-    assert costs["352"]["questions"] == 3 * 3 and costs["352"]["forwards"] == 3 * 2
+    assert costs[str(N)]["questions"] == 3 * 3 and costs[str(N)]["forwards"] == 3 * 2
 
 
 def an_answer_is_transformers_greedy_decoding_of_the_whole_prompt(smollm2_run, smollm2):
-    """The model as trained at 352 tokens: no patch changes it, so the unpatched model's own generate on
+    """The model as trained at N tokens: no patch changes it, so the unpatched model's own generate on
     prefix + question must write the saved answer."""
     _, payload = smollm2_run
-    trial = make_trials("niah_noise", smollm2.tokenizer, 352, 1, seed=0, questions=2)[0]
-    saved = {e["trial"]: e for e in payload["trials"] if e["method"] == "none" and e["length"] == 352}
+    trial = make_trials("niah_noise", smollm2.tokenizer, N, 1, seed=0, questions=2)[0]
+    saved = {e["trial"]: e for e in payload["trials"] if e["method"] == "none" and e["length"] == N}
     for i, q in enumerate(trial.questions):
         with torch.inference_mode():
             out = smollm2.model.generate(

@@ -1,9 +1,9 @@
 """What a question over a long haystack costs once the haystack is run: questions one at a time against the
-questions of equal length as the rows of one batch over the shared prefix (:meth:`posenc.real.continuation.
-Continuation.answers`).
+questions as the rows of batches over the shared prefix (:meth:`posenc.real.continuation.
+Continuation.answers`: any lengths in one batch, padded on the right, up to its rows).
 
-SmolLM2-135M (when installed), one ``niah_multikey`` haystack (questions of six different lengths: the
-batches are small) and one ``vt`` haystack (every question the same length: one batch), the latter also with
+SmolLM2-135M (when installed), one ``niah_multikey`` haystack (questions of six different lengths) and one
+``vt`` haystack (every question the same length), the latter also with
 ReRoPE (a remapped model: every view's scores), at each length, twenty questions each with answers of up to
 24 tokens, as ``posenc extend --budget cpu`` asks them. The prefix is run once, with the reserve that one at
 a time needs (so the batches read it through a strided view, a few percent slower than in a run, where it
@@ -121,5 +121,5 @@ COLUMNS = (
 
 def questions_table(rows: list[dict]) -> str:
     """The rows as a table."""
-    title = "Questions over one haystack of SmolLM2-135M, float32: one at a time against batched by length"
+    title = "Questions over one haystack of SmolLM2-135M, float32: one at a time against batched"
     return table(title, COLUMNS, rows, keys=3)
