@@ -8,6 +8,8 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import posenc
 from posenc import reference as R
@@ -67,6 +69,25 @@ def test_a_block_mask_admits_exactly_its_bands_pairs(band):
         )
     j = torch.arange(offset, offset + k_len)
     assert torch.equal(got[0, 0], band.inside(j[k_len - q_len :], j))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lo=st.integers(0, 6),
+    width=st.one_of(st.integers(1, 8), st.just(float("inf"))),
+    unit=st.integers(1, 5),
+    rows=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_a_band_over_rows_holds_each_rows_pairs(lo, width, unit, rows, seed):
+    # the rows of a batch at their own positions: (B, q) against (B, k), as numpy says pair by pair
+    rng = np.random.default_rng(seed)
+    i, j = rng.integers(0, 60, (rows, 5)), rng.integers(0, 60, (rows, 7))
+    band = Band(lo, lo + width, unit)
+    d = i[:, :, None] // unit - j[:, None, :] // unit
+    want = (d >= lo) & (d < lo + width) & (i[:, :, None] >= j[:, None, :])
+    got = band.inside(torch.from_numpy(i), torch.from_numpy(j))
+    assert got.shape == want.shape and np.array_equal(got.numpy(), want)
 
 
 def test_flex_on_the_cpu_refuses_to_train_and_flash_refuses_other_devices():

@@ -47,10 +47,12 @@ class Band:
     unit: int = 1
 
     def inside(self, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """Boolean (len(i), len(j)): which pairs of absolute positions the band holds."""
+        """Boolean (..., len(i), len(j)): which pairs of absolute positions the band holds; ``i`` (..., q)
+        and ``j`` (..., k) may carry leading dimensions that broadcast (rows of a batch)."""
         u = self.unit
-        d = torch.div(i[:, None], u, rounding_mode="floor") - torch.div(j[None, :], u, rounding_mode="floor")
-        return (d >= self.lo) & (d < self.hi) & (i[:, None] >= j[None, :])
+        i, j = i[..., :, None], j[..., None, :]
+        d = torch.div(i, u, rounding_mode="floor") - torch.div(j, u, rounding_mode="floor")
+        return (d >= self.lo) & (d < self.hi) & (i >= j)
 
     def reach(self, p0: int, p1: int) -> tuple[int, int, int, int]:
         """For queries at absolute positions [p0, p1): the keys [first, last) that some query takes from

@@ -237,7 +237,7 @@ def _attend(query, keys: _Keys, at: torch.Tensor, rotary, remap, scale: float, w
     own = query.new_full((b, hk, g, q, keys.own_k.shape[-2]), _MASKED)
     for band, qv, ko in zip(bands, qs, own_ks, strict=True):
         s = torch.matmul(qv.view(b, hk, g, q, -1), ko.unsqueeze(2).transpose(-1, -2)).mul_(scale)
-        inside = torch.stack([band.inside(at[r], keys.rows.positions[r]) for r in range(b)])
+        inside = band.inside(at, keys.rows.positions)
         own = torch.where((inside & keys.rows.valid[:, None]).view(b, 1, 1, q, -1), s, own)
     lse = torch.logsumexp(own, dim=-1)
     out = torch.matmul(torch.softmax(own, dim=-1), keys.own_v.unsqueeze(2))  # (B, Hk, G, q, Dv)
