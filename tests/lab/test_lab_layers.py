@@ -20,6 +20,7 @@ from posenc.lab.model import GPT, _per_layer
 from posenc.lab.recipes import RECIPES
 
 NAMED = ("swan", "gemma-local-global", "smollm3", "p-rope", "rope-below-bound", "rope-above-bound")
+AD_HOC = "plan:local:4"  # an ad hoc plan, run as a scheme
 
 
 def _cfg(encoding="rope", n_layer=4, max_len=16, **kw) -> GPTConfig:
@@ -43,7 +44,7 @@ def test_a_plan_names_one_kind_per_layer_repeats_a_pattern_and_fills_every_nth()
         ("rope,nope,rope", "names 3 layers for a model of n_layer=4"),
         ("rope,ropee", "encoding='ropee' is not known"),
         ("local:width=3", "kind 'local' takes no option 'width=3'; allowed: window, base"),
-        ("local:x", "local's window='x' is not a int"),
+        ("local:x", "local's window='x' is not an int"),
         ("nope:scale=linear", "nope scale='linear'"),
         ("learned", "'learned' cannot be one layer's kind: it adds positions to the input"),
         ("rope-sinks", "'rope-sinks' cannot be one layer's kind: it holds parameters per layer"),
@@ -61,6 +62,38 @@ def test_a_named_scheme_takes_no_second_plan_and_the_encoding_must_be_a_kind():
         _cfg("swan", layers="rope")
     with pytest.raises(LabError, match="'fox' cannot be one layer's kind"):
         _cfg("fox", layers="rope")  # its gates would be dropped without a word
+
+
+@pytest.mark.parametrize(
+    "scheme, plan",
+    [("plan:rope/nope", "rope,nope"), ("plan:every:2=nope", "every:2=nope"), ("plan:local:3*2", "local:3")],
+)
+def test_an_ad_hoc_plan_scheme_is_the_model_its_plan_on_rope_gives(scheme, plan):
+    torch.manual_seed(0)
+    ad_hoc = GPT(_cfg(scheme, 2))
+    torch.manual_seed(0)
+    given = GPT(_cfg("rope", 2, layers=plan))
+    assert [lay.kind for lay in ad_hoc.encoding.layers] == [lay.kind for lay in given.encoding.layers]
+    x = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(ad_hoc(x), given(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "scheme, match",
+    [
+        (
+            "plan:rope/nope/rope",
+            "schemes item 'plan:rope/nope/rope': .* names 3 layers for a model of n_layer=4",
+        ),
+        ("plan:ropee", "schemes item 'plan:ropee': encoding='ropee' is not known"),
+        ("plan:", "schemes item 'plan:': .* must be a plan"),
+        ("plan:swan", "'swan' cannot be one layer's kind"),
+    ],
+)
+def test_a_bad_ad_hoc_plan_is_refused_naming_the_schemes_item(scheme, match):
+    with pytest.raises(LabError, match=match):
+        GPT(_cfg(scheme))
 
 
 def _plan(encoding: str, n_layer: int, max_len: int = 16) -> list[str]:
@@ -180,8 +213,8 @@ def test_drope_continues_rope_without_its_rotations():
 def test_every_named_scheme_trains_evaluates_past_l_and_records_its_plan(corpus_dir, tmp_path):
     out = tmp_path / "out"
     argv = ["compare", "--preset", "tiny", "--out", str(out), "--corpus", str(corpus_dir), "--cache-dir",
-            str(tmp_path / "cache"), "--jobs", "1", "--no-progress", "--schemes", ",".join(("rope", *NAMED)),
-            "--extend-steps", "2", "--recipes", "drope,drope-scaled,yarn"]  # fmt: skip
+            str(tmp_path / "cache"), "--jobs", "1", "--no-progress", "--extend-steps", "2", "--recipes",
+            "drope,drope-scaled,yarn", "--schemes", ",".join(("rope", *NAMED, AD_HOC))]  # fmt: skip
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     rows = {r["scheme"]: r for r in results["results"]}
@@ -193,6 +226,7 @@ def test_every_named_scheme_trains_evaluates_past_l_and_records_its_plan(corpus_
     assert "rope" not in plans  # one kind in every layer: no plan to record
     run = json.loads((out / "models" / "p-rope" / "seed-0" / "run.json").read_text())
     assert run["layers"] == ["rope:base=10000.0:frac=0.25"]
+    assert plans[AD_HOC] == ["local:window=4:base=10000.0"]
 
 
 def test_train_takes_a_plan_on_the_command_line(corpus_dir, tmp_path):

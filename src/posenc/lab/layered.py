@@ -22,6 +22,10 @@ length L, recorded per layer in the run's provenance:
 - ``rope-below-bound`` / ``rope-above-bound``: RoPE at half and twice Men et al.'s lower bound on the base
   for a context of L (arxiv.org/abs/2405.14591, :func:`base_bound`), which predicts retrieval failing below
   it while perplexity stays fine.
+
+Ad hoc plans run as schemes too: ``plan:PLAN`` is the per-layer plan PLAN (the syntax of ``--layers``,
+with ``/`` between layers, since a comma separates ``--schemes``), NoPE's input, and RoPE on the layers an
+``every:N=KIND`` plan leaves: ``posenc compare --schemes rope,plan:rope/rope/rope/nope,plan:every:2=nope``.
 """
 
 from __future__ import annotations
@@ -33,10 +37,14 @@ import posenc
 from posenc.lab.checks import check_choice
 from posenc.lab.encoding import Encoding, QueryScale, floored_log_length
 from posenc.lab.errors import LabError
-from posenc.lab.layers import layered
-from posenc.lab.registry import ModelShape, register_encoding
+from posenc.lab.layers import layered, plan_kinds
+from posenc.lab.registry import SPELLED, ModelShape, Scheme, lookup, register_encoding
 
-__all__ = ["BOUND_FACTOR", "base_bound", "local_window", "log_length_scale"]
+__all__ = ["BOUND_FACTOR", "PLAN_PREFIX", "base_bound", "local_window", "log_length_scale", "plan_scheme"]
+
+PLAN_PREFIX = "plan:"
+# the kind of the layers an ad hoc every:N=KIND plan leaves (a plan scheme has no encoding of its own)
+_PLAN_DEFAULT = "rope"
 
 # how far below and above the bound the two bound schemes sit: far enough to be on either side of a bound
 # fitted with scatter, near enough that the base stays above 1 at the tiny preset's L = 16
@@ -130,3 +138,25 @@ def _rope_below(cfg: ModelShape) -> Encoding:
 @register_encoding("rope-above-bound", pairs="head_dim")
 def _rope_above(cfg: ModelShape) -> Encoding:
     return _bound_rope(cfg, BOUND_FACTOR)
+
+
+def plan_scheme(name: str) -> Scheme:
+    """The scheme ``plan:PLAN`` (module docstring), its entries checked now; a LabError names ``schemes``,
+    the item and what is wrong. Its depth is checked when a model is built."""
+    plan = name[len(PLAN_PREFIX) :].replace("/", ",")
+    try:
+        kinds = plan_kinds(plan, _PLAN_DEFAULT)
+    except LabError as err:
+        raise LabError(f"schemes item {name!r}: {err}") from None
+
+    def build(cfg: ModelShape) -> Encoding:
+        try:
+            return layered(cfg, plan, default=_PLAN_DEFAULT)
+        except LabError as err:
+            raise LabError(f"schemes item {name!r}: {err}") from None
+
+    pairs = "head_dim" if any(lookup(k).pairs == "head_dim" for k in kinds) else None
+    return Scheme(name, build, pairs=pairs)
+
+
+SPELLED[PLAN_PREFIX] = plan_scheme

@@ -27,7 +27,7 @@ from posenc.lab.encoding import Encoding, Layer
 from posenc.lab.errors import LabError
 from posenc.lab.registry import ModelShape, lookup
 
-__all__ = ["build", "layered", "parse_plan", "plan_of", "rotary_dims"]
+__all__ = ["build", "layered", "parse_plan", "plan_kinds", "plan_of", "rotary_dims"]
 
 _ENTRY = re.compile(r"^(?P<body>[^*]+?)(?:\*(?P<count>\d+))?$")
 _EVERY = re.compile(r"^every:(?P<n>\d+)=(?P<entry>.+)$")
@@ -61,10 +61,13 @@ def plan_of(enc: Encoding) -> list[str] | None:
     return None if enc.layers is None else [layer.kind for layer in enc.layers]
 
 
-def layered(cfg: ModelShape, plan: str, around: Encoding | None = None) -> Encoding:
+def layered(
+    cfg: ModelShape, plan: str, around: Encoding | None = None, default: str | None = None
+) -> Encoding:
     """An encoding whose block i attends as the i-th kind of ``plan`` (for ``cfg.n_layer`` blocks), with
-    the input and positions of ``around`` (default: none, NoPE's input)."""
-    kinds = parse_plan(plan, cfg.n_layer, default=cfg.encoding)
+    the input and positions of ``around`` (default: none, NoPE's input); ``default``: the kind of the layers
+    an ``every:`` plan leaves (default ``cfg.encoding``)."""
+    kinds = parse_plan(plan, cfg.n_layer, default=cfg.encoding if default is None else default)
     layers = []
     for name, options in kinds:
         enc = lookup(name)(cfg, **options)
@@ -101,6 +104,17 @@ def parse_plan(plan: str, depth: int, default: str) -> list[tuple[str, dict]]:
     return kinds * (depth // len(kinds))
 
 
+def plan_kinds(plan: str, default: str) -> list[str]:
+    """The kinds ``plan`` names, each once in order (``default`` too for an ``every:`` plan), its entries
+    checked as :func:`parse_plan` checks them, before the model's depth is known."""
+    if not isinstance(plan, str) or not plan.strip():
+        raise LabError(f"layers={plan!r} must be a plan such as 'rope,rope,rope,nope' or 'every:4=nope'")
+    every = _EVERY.match(plan.strip())
+    entries = [every["entry"]] if every else plan.split(",")
+    names = [_entry(text, plan)[0][0] for text in entries] + ([default] if every else [])
+    return list(dict.fromkeys(names))
+
+
 def _entry(text: str, plan: str) -> tuple[tuple[str, dict], int]:
     """One entry ``KIND(:OPTION)*(*COUNT)``: ((kind, options), count)."""
     m = _ENTRY.match(text.strip())
@@ -124,8 +138,10 @@ def _entry(text: str, plan: str) -> tuple[tuple[str, dict], int]:
         try:
             options[key] = scheme.options[key](value.strip())
         except ValueError:
+            kind = scheme.options[key].__name__
+            article = "an" if kind[0] in "aeiou" else "a"
             raise LabError(
-                f"layers={plan!r}: {scheme.name}'s {key}={value!r} is not a {scheme.options[key].__name__}"
+                f"layers={plan!r}: {scheme.name}'s {key}={value!r} is not {article} {kind}"
             ) from None
     return (scheme.name, options), int(m["count"] or 1)
 

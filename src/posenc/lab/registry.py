@@ -5,7 +5,9 @@ A scheme's builder is ``build(cfg, **options) -> Encoding``; the options (``regi
 options={"window": int})``) are what a per-layer plan (:mod:`posenc.lab.layers`) may set for one layer of
 that kind (``--layers "local:16,rope:base=1e6"``), each a keyword of the builder with its default there.
 A researcher's scheme needs no edit here: ``--schemes package.module:function`` (or
-``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`).
+``path/to/file.py:function``) imports ``function(cfg) -> Encoding`` on first use (:func:`lookup`), and a
+name that spells its own definition (``plan:rope/rope/nope``, :mod:`posenc.lab.layered`) is made by the
+maker registered for its prefix (:data:`SPELLED`).
 
 This module imports nothing of the laboratory above :mod:`posenc.lab.extensions`, so
 :mod:`posenc.lab.config` can check an encoding name against :data:`ENCODINGS` without an import cycle.
@@ -28,6 +30,7 @@ from posenc.lab.extensions import EXTENSIONS
 __all__ = [
     "ENCODINGS",
     "ModelShape",
+    "SPELLED",
     "Scheme",
     "extensions_for",
     "lookup",
@@ -103,6 +106,9 @@ class Scheme:
 
 
 ENCODINGS: dict[str, Scheme] = {}
+# prefix -> make(name) -> Scheme, for scheme names that spell their own definition; filled by the modules
+# that define them (posenc.lab.layered's "plan:"), which this one cannot import
+SPELLED: dict[str, Callable[[str], Scheme]] = {}
 
 
 def register_encoding(
@@ -140,9 +146,14 @@ def lookup(name: str) -> Scheme:
     """The scheme registered as ``name``. A ``"package.module:function"`` or ``"path/file.py:function"``
     spec is imported and registered under that spec on first use, in every process that asks (compare's
     workers included), so a researcher's scheme runs like the built-ins without editing posenc; it has no
-    eval-time extensions and no dimension rule."""
+    eval-time extensions and no dimension rule. A name with a prefix of :data:`SPELLED` is made and
+    registered the same way."""
     if name in ENCODINGS:
         return ENCODINGS[name]
+    for prefix, make in SPELLED.items():
+        if isinstance(name, str) and name.startswith(prefix):
+            ENCODINGS[name] = make(name)
+            return ENCODINGS[name]
     if not isinstance(name, str) or ":" not in name:
         raise LabError(
             f"encoding={name!r} is not known; allowed: {', '.join(registered_names())}, "
