@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from posenc.real import loader
+from posenc.runs.files import file_sha256
 
 
 def test_the_converted_folder_holds_exactly_the_gguf_model(smollm2, smollm2_folder):
@@ -47,13 +48,17 @@ def test_a_conversion_is_made_once_and_never_seen_half_written(tmp_path, monkeyp
         (folder / "config.json").write_text("{}")
 
     monkeypatch.setattr(loader, "_write_conversion", write)
+    hashed = []
+    monkeypatch.setattr(loader, "file_sha256", lambda path: hashed.append(path) or file_sha256(path))
     first = loader.convert_gguf(gguf, tmp_path / "cache")
     assert loader.convert_gguf(gguf, tmp_path / "cache") == first and len(calls) == 1
+    assert hashed == []  # its digest was noted when the failed conversion read it
     assert (first / "config.json").is_file()
     copy = tmp_path / "elsewhere" / "tiny.gguf"  # the same file in another environment: the same folder
     copy.parent.mkdir()
     copy.write_bytes(gguf.read_bytes())
     assert loader.convert_gguf(copy, tmp_path / "cache") == first and len(calls) == 1
+    assert hashed == [copy]  # read once, for the new path
     gguf.write_bytes(b"GGUF, changed")  # another file at the same path is converted again
     assert loader.convert_gguf(gguf, tmp_path / "cache") != first and len(calls) == 2
 
