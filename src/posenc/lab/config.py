@@ -165,7 +165,8 @@ def _schemes_help() -> str:
     more = ", ".join(n for n in BUILTIN if n not in SCHEMES)
     return (
         f"comma-separated encodings to compare; 'all': every built-in, also {more}; your own as "
-        "package.module:function"
+        "package.module:function; a per-layer plan as plan:KIND/KIND/... (the --layers syntax, '/' between "
+        "layers)"
     )
 
 
