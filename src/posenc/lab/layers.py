@@ -81,21 +81,10 @@ def layered(
 def parse_plan(plan: str, depth: int, default: str) -> list[tuple[str, dict]]:
     """``plan`` as ``depth`` pairs (kind, options), options typed as the kind's entry declares them;
     ``default`` is the kind of the layers an ``every:`` plan leaves. A LabError names what is wrong."""
-    if not isinstance(plan, str) or not plan.strip():
-        raise LabError(f"layers={plan!r} must be a plan such as 'rope,rope,rope,nope' or 'every:4=nope'")
-    every = _EVERY.match(plan.strip())
-    if every:
-        n = int(every["n"])
-        if n < 1:
-            raise LabError(f"layers={plan!r}: every:N needs N >= 1, got {n}")
-        special = _entry(every["entry"], plan)
-        if special[1] != 1:
-            raise LabError(f"layers={plan!r}: every:N=KIND takes no *COUNT")
-        return [special[0] if (i + 1) % n == 0 else (default, {}) for i in range(depth)]
-    kinds: list[tuple[str, dict]] = []
-    for text in plan.split(","):
-        kind, count = _entry(text, plan)
-        kinds += [kind] * count
+    every, entries = _entries(plan)
+    if every is not None:
+        return [entries[0][0] if (i + 1) % every == 0 else (default, {}) for i in range(depth)]
+    kinds = [kind for kind, count in entries for _ in range(count)]
     if len(kinds) > depth or depth % len(kinds):
         raise LabError(
             f"layers={plan!r} names {len(kinds)} layers for a model of n_layer={depth}: give one kind per "
@@ -105,14 +94,28 @@ def parse_plan(plan: str, depth: int, default: str) -> list[tuple[str, dict]]:
 
 
 def plan_kinds(plan: str, default: str) -> list[str]:
-    """The kinds ``plan`` names, each once in order (``default`` too for an ``every:`` plan), its entries
-    checked as :func:`parse_plan` checks them, before the model's depth is known."""
+    """The kinds ``plan`` names, each once in order (``default`` too for an ``every:`` plan), checked as
+    :func:`parse_plan` checks them but for the model's depth, which is not known yet."""
+    every, entries = _entries(plan)
+    names = [name for (name, _), _ in entries] + ([default] if every is not None else [])
+    return list(dict.fromkeys(names))
+
+
+def _entries(plan: str) -> tuple[int | None, list[tuple[tuple[str, dict], int]]]:
+    """``plan`` read without the model's depth: N of an ``every:N=KIND`` plan (else None) and its entries,
+    each ((kind, options), count)."""
     if not isinstance(plan, str) or not plan.strip():
         raise LabError(f"layers={plan!r} must be a plan such as 'rope,rope,rope,nope' or 'every:4=nope'")
     every = _EVERY.match(plan.strip())
-    entries = [every["entry"]] if every else plan.split(",")
-    names = [_entry(text, plan)[0][0] for text in entries] + ([default] if every else [])
-    return list(dict.fromkeys(names))
+    if every is None:
+        return None, [_entry(text, plan) for text in plan.split(",")]
+    n = int(every["n"])
+    if n < 1:
+        raise LabError(f"layers={plan!r}: every:N needs N >= 1, got {n}")
+    special = _entry(every["entry"], plan)
+    if special[1] != 1:
+        raise LabError(f"layers={plan!r}: every:N=KIND takes no *COUNT")
+    return n, [special]
 
 
 def _entry(text: str, plan: str) -> tuple[tuple[str, dict], int]:
