@@ -238,7 +238,7 @@ def test_cli_the_largest_seeds_reach_torch_intact():
 
     tokens = np.arange(1000, dtype=np.uint16)
     for seed in (2**63 - 1, -(2**63), 2**63 + 5):  # the last: --seed 2**63 - 1 with --seeds 7
-        x, y = batch_at(tokens, 3, batch_size=2, seq_len=8, seed=seed)  # an OverflowError in torch before
+        x, y, _ = batch_at(tokens, 3, batch_size=2, seq_len=8, seed=seed)  # an OverflowError in torch before
         assert x.shape == (2, 8) and torch.equal(x[:, 1:], y[:, :-1])
     for seed in (-7, 0, 12345):  # the seeds torch took unreduced draw what they drew before
         unreduced = torch.Generator().manual_seed((seed * 1_000_003 + 3) * 4099).get_state()

@@ -117,18 +117,18 @@ def test_too_small_corpus_names_the_path_and_the_need(tmp_path, cache_dir):
 
 def test_batch_is_deterministic_shifted_and_step_dependent():
     tokens = np.arange(1000, dtype=np.int64) % 251
-    x, y = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
-    x2, y2 = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
+    x, y, _ = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
+    x2, y2, _ = batch_at(tokens, 7, batch_size=4, seq_len=10, seed=3)
     assert torch.equal(x, x2) and torch.equal(y, y2)
     assert x.shape == y.shape == (4, 10) and x.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
-    x3, _ = batch_at(tokens, 8, batch_size=4, seq_len=10, seed=3)
+    x3, _, _ = batch_at(tokens, 8, batch_size=4, seq_len=10, seed=3)
     assert not torch.equal(x, x3)
 
 
 def test_batch_rows_are_windows_of_the_corpus():
     tokens = np.arange(5000, dtype=np.int64)  # every value unique: a row's first value is its start
-    x, y = batch_at(tokens, 0, batch_size=8, seq_len=16, seed=0)
+    x, y, _ = batch_at(tokens, 0, batch_size=8, seq_len=16, seed=0)
     for row, target in zip(x, y, strict=True):
         s = int(row[0])
         assert row.tolist() == list(range(s, s + 16))
@@ -189,7 +189,7 @@ def test_copy_fraction_makes_that_share_of_rows_repeat_and_zero_changes_nothing(
     plain = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1)
     zero = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.0)
     assert all(torch.equal(a, b) for a, b in zip(plain, zero, strict=True))
-    x, y = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.5)
+    x, y, _ = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.5)
     window = torch.cat((x, y[:, -1:]), dim=1)  # the 17 tokens of each row
     repeated = (window[:, 9:] == window[:, :8]).all(dim=1)
     assert torch.equal(window[~repeated], torch.cat((plain[0], plain[1][:, -1:]), 1)[~repeated])
@@ -197,8 +197,10 @@ def test_copy_fraction_makes_that_share_of_rows_repeat_and_zero_changes_nothing(
     assert 16 <= int(repeated.sum()) <= 48  # about half of 64
     again = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=0.5)
     assert torch.equal(again[0], x)  # a pure function of (seed, step)
-    x1, _ = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=1.0)
+    x1, _, answers = batch_at(tokens, 3, batch_size=64, seq_len=16, seed=1, copy_fraction=1.0)
     assert torch.equal(x1[:, 9:], x1[:, :7])
+    # the answers: the repeat's targets after its first byte (window bytes 10..16, targets 9..15)
+    assert answers[:, 9:].all() and not answers[:, :9].any()
 
 
 def test_passkey_fraction_makes_that_share_of_rows_passkey_prompts_and_keeps_the_copies():

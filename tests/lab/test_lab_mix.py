@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from posenc.cli import build_parser
 from posenc.lab.checkpoint import run_state
 from posenc.lab.config import GPTConfig, Settings, TrainConfig, settings_for
-from posenc.lab.data import batch_at
+from posenc.lab.data import batch_at, loss_weights
 from posenc.lab.errors import LabError
 from posenc.lab.mix import MIX_TASKS, check_training_mix, copy_rows, mix_rows, parse_mix
 from posenc.lab.recall import RECALL_ITEM, recall_batch, recall_pairs, recall_rows, recall_scores
@@ -36,16 +36,17 @@ def items(row: bytes):
 @pytest.mark.parametrize("t", [16, 65, 257])
 def test_recall_rows_answer_each_late_key_with_its_early_value_found_nowhere_else(t):
     rows = rows_of(40, t)
-    out = recall_rows(rows, torch.Generator().manual_seed(1))
-    assert out.shape == rows.shape
+    out, answers = recall_rows(rows, torch.Generator().manual_seed(1))
+    assert out.shape == answers.shape == rows.shape and answers.dtype == torch.bool
     k = recall_pairs(t)
-    for before, after in zip(rows.tolist(), out.tolist(), strict=True):
+    for before, after, marked in zip(rows.tolist(), out.tolist(), answers.tolist(), strict=True):
         row = bytes(after)
         found = items(row)
         assert row.count(b"$") == len(found) == 2 * k  # every '$' opens a pair or a query
-        first = {}
+        first, answer_bytes = {}, set()
         for key, value, at in found:
             if key in first:  # a query: its answer is its pair's value, from before it
+                answer_bytes |= set(range(at, at + 4))
                 pair_value, pair_at = first.pop(key)
                 assert value == pair_value and pair_at < at <= t - 4
                 # the value occurs in the pair and as the answer only: without the pair, nothing predicts it
@@ -55,6 +56,7 @@ def test_recall_rows_answer_each_late_key_with_its_early_value_found_nowhere_els
             else:
                 first[key] = (value, at)
         assert not first  # every pair was asked
+        assert {i for i, m in enumerate(marked) if m} == answer_bytes  # the answers: the asked values
         # the rest is the row's own bytes, in order, '$' made a space
         text = ITEM.sub(b"", row)
         assert text == bytes(before[: len(text)]).replace(b"$", b" ")
@@ -62,8 +64,8 @@ def test_recall_rows_answer_each_late_key_with_its_early_value_found_nowhere_els
 
 def test_recall_pairs_come_before_every_query_in_training_and_the_answer_changes_with_the_pair():
     rows = rows_of(20, 129)
-    a = recall_rows(rows, torch.Generator().manual_seed(3))
-    b = recall_rows(rows, torch.Generator().manual_seed(4))
+    a, _ = recall_rows(rows, torch.Generator().manual_seed(3))
+    b, _ = recall_rows(rows, torch.Generator().manual_seed(4))
     for row in a.tolist():
         found = items(bytes(row))
         keys = [key for key, _, _ in found]
@@ -74,11 +76,18 @@ def test_recall_pairs_come_before_every_query_in_training_and_the_answer_changes
 
 def test_copy_rows_copy_one_span_forward_and_keep_the_rest():
     rows = rows_of(50, 65)
-    out = copy_rows(rows, torch.Generator().manual_seed(0))
-    for before, after in zip(rows.tolist(), out.tolist(), strict=True):
+    out, answers = copy_rows(rows, torch.Generator().manual_seed(0))
+    for before, after, marked in zip(rows.tolist(), out.tolist(), answers.tolist(), strict=True):
+        # the answers: one stretch of 7 to 15 bytes, the copy after its first byte, which equals an earlier
+        # stretch of the row, one byte longer, that ends before the copy begins
+        hit = [i for i, m in enumerate(marked) if m]
+        b, s = hit[0] - 1, len(hit) + 1
+        assert hit == list(range(b + 1, b + s)) and 8 <= s <= 65 // 4
+        assert any(after[b : b + s] == after[a : a + s] for a in range(0, b - s + 1))
         changed = [i for i in range(65) if before[i] != after[i]]
         if not changed:
             continue  # the copy happened to equal what it overwrote
+        assert b <= changed[0] and changed[-1] < b + s
         lo, hi = changed[0], changed[-1] + 1
         # some earlier span of the original, of at least the changed stretch, was written here
         sources = [
@@ -98,9 +107,10 @@ def test_copy_rows_copy_one_span_forward_and_keep_the_rest():
 def test_mix_shares_are_honoured_and_the_draws_are_deterministic():
     mix = "recall=0.2,copy=0.3,passkey=0.1"
     window = rows_of(3000, 65)
-    out, kinds = mix_rows(window, mix, torch.Generator().manual_seed(5))
-    again, kinds2 = mix_rows(window, mix, torch.Generator().manual_seed(5))
-    assert torch.equal(out, again) and torch.equal(kinds, kinds2)
+    out, kinds, answers = mix_rows(window, mix, torch.Generator().manual_seed(5))
+    again, kinds2, answers2 = mix_rows(window, mix, torch.Generator().manual_seed(5))
+    assert torch.equal(out, again) and torch.equal(kinds, kinds2) and torch.equal(answers, answers2)
+    assert torch.equal(answers.any(1), kinds >= 0)  # every task row has answers, no text row has any
     n = len(kinds)
     for j, (name, share) in enumerate([("recall", 0.2), ("copy", 0.3), ("passkey", 0.1)]):
         assert list(MIX_TASKS)[j] == name
@@ -123,6 +133,18 @@ def test_batches_with_a_mix_depend_on_seed_and_step_only_and_no_mix_changes_noth
     )
     assert not torch.equal(mixed[0], plain[0])
     assert torch.equal(mixed[0][:, 1:], mixed[1][:, :-1])  # y is x shifted
+    assert not plain.answers.any() and mixed.answers.any()
+    # the answers are targets: in a recall row (stretches of 4 answer bytes, a copy's are 7 or more), the
+    # input at each answer's first target is the '=' of its query
+    x, _, answers = mixed
+    recall = 0
+    for i in range(len(x)):
+        marked = answers[i].tolist()
+        starts = [j for j, m in enumerate(marked) if m and (j == 0 or not marked[j - 1])]
+        if starts and sum(marked) == 4 * len(starts):
+            recall += 1
+            assert all(x[i, j] == ord("=") for j in starts)
+    assert recall > 5
     other = batch_at(TEXT, 8, mix="recall=0.5,copy=0.5", **kw)
     assert not torch.equal(mixed[0], other[0])
 
@@ -160,6 +182,41 @@ def test_the_mix_is_canonical_checked_against_the_length_and_part_of_the_run_sta
     model = GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=16)
     assert run_state(model, TrainConfig(mix="recall=0.1"), "c")["train"]["mix"] == "recall=0.1"
     assert "mix" not in run_state(model, TrainConfig(), "c")["train"]  # old checkpoints still resume
+
+
+@pytest.mark.parametrize("weight", [0.0, -2.0, float("nan"), float("inf")])
+def test_an_answer_weight_that_is_not_a_positive_number_is_refused(weight):
+    with pytest.raises(LabError, match=re.escape(f"answer_weight={weight}")):
+        TrainConfig(mix="recall=0.5", answer_weight=weight)
+
+
+def test_the_answer_weight_needs_a_mix_and_is_part_of_the_run_state():
+    for make in (TrainConfig, Settings):
+        with pytest.raises(LabError, match=r"answer_weight=8 weighs the answer bytes .* there is none"):
+            make(answer_weight=8.0)
+    assert TrainConfig(copy_fraction=0.5, answer_weight=8.0).answer_weight == 8.0  # the old copy share too
+    s = Settings(mix="recall=0.5", answer_weight=8.0)
+    assert s.train_config(1).answer_weight == 8.0
+    model = GPTConfig(encoding="rope", n_layer=1, n_head=2, d_model=16, max_len=16)
+    weighted = TrainConfig(mix="recall=0.5", answer_weight=8.0)
+    assert run_state(model, weighted, "c")["train"]["answer_weight"] == 8
+    assert "answer_weight" not in run_state(model, TrainConfig(mix="recall=0.5"), "c")["train"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    answers=st.lists(st.booleans(), min_size=1, max_size=40),
+    weight=st.floats(0.01, 100),
+    losses=st.lists(st.floats(0, 10), min_size=40, max_size=40),
+)
+def test_loss_weights_make_the_mean_of_weighted_losses_the_weighted_mean(answers, weight, losses):
+    mask = torch.tensor(answers).view(1, -1)
+    loss = torch.tensor(losses[: mask.shape[1]], dtype=torch.float64).view(1, -1)
+    w = loss_weights(mask, weight)
+    raw = np.where(np.array(answers), weight, 1.0)
+    expected = (raw * loss.numpy()).sum() / raw.sum()
+    assert (w.double() * loss).mean().item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert loss_weights(mask, 1.0) is None
 
 
 @settings(max_examples=25, deadline=None)

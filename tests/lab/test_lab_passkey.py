@@ -64,21 +64,22 @@ def test_passkey_rows_hide_a_key_in_the_rows_own_bytes_and_end_with_it(length, s
     """Each row becomes its own bytes (in order, cut to fit) with the needle inside, then the question and
     the key; key lengths stay in TRAIN_KEY_DIGITS, fewer when the row is short."""
     rows = torch.randint(ord("a"), ord("z") + 1, (n, length), generator=torch.Generator().manual_seed(seed))
-    out = passkey_rows(rows, torch.Generator().manual_seed(seed))
-    assert out.shape == rows.shape and out.dtype == rows.dtype
-    for original, made in zip(rows.tolist(), out.tolist(), strict=True):
-        key, answer, filler, _ = _parse(made)
+    out, answers = passkey_rows(rows, torch.Generator().manual_seed(seed))
+    assert out.shape == answers.shape == rows.shape and out.dtype == rows.dtype
+    for original, made, marked in zip(rows.tolist(), out.tolist(), answers.tolist(), strict=True):
+        key, answer, filler, end = _parse(made)
         assert key == answer and key.isdigit()
+        assert [i for i, m in enumerate(marked) if m] == list(range(end - len(key), end))  # the answer
         assert TRAIN_KEY_DIGITS[0] <= len(key) <= TRAIN_KEY_DIGITS[1]
         assert passkey_min_length(len(key), "code") <= length
         assert filler == original[: len(filler)]
-    again = passkey_rows(rows, torch.Generator().manual_seed(seed))
+    again, _ = passkey_rows(rows, torch.Generator().manual_seed(seed))
     assert torch.equal(out, again)
 
 
 def test_passkey_rows_vary_key_length_depth_and_where_the_answer_ends():
     rows = torch.full((300, 64), ord("x"))
-    out = passkey_rows(rows, torch.Generator().manual_seed(0))
+    out, _ = passkey_rows(rows, torch.Generator().manual_seed(0))
     parsed = [_parse(r) for r in out.tolist()]
     assert {len(k) for k, _, _, _ in parsed} == set(range(TRAIN_KEY_DIGITS[0], TRAIN_KEY_DIGITS[1] + 1))
     depths = {bytes(r).decode().index("PASSKEY") for r in out.tolist()}

@@ -21,7 +21,9 @@ from posenc.lab.train import train
 MODEL = dict(encoding="alibi", n_layer=1, n_head=2, d_model=16, max_len=16)
 
 
-OPT = dict(steps=5, batch_size=4, lr=1e-2, warmup=1, seed=3)
+# with the answer bytes weighted: each rank's rows are normalised by the global batch's weights, so that DDP's
+# average is the weighted mean of the whole batch (the unweighted loss: tests/lab/test_lab_context_parallel)
+OPT = dict(steps=5, batch_size=4, lr=1e-2, warmup=1, seed=3, mix="recall=0.5,copy=0.5", answer_weight=5.0)
 
 
 SCRIPT = textwrap.dedent(

@@ -162,6 +162,7 @@ COMPARE_FLAGS = (
     "copy_fraction",
     "passkey_fraction",
     "mix",
+    "answer_weight",
     "passkey_trials",
     "extend_steps",
     "extend_to",

@@ -182,11 +182,23 @@ def is_complete(out_dir: str | os.PathLike, steps: int) -> bool:
     return int(state.get("step", -1)) >= steps
 
 
+# TrainConfig's fields added after the first checkpoints were written, with their defaults
+_LATER_FIELDS = {
+    "copy_fraction": 0.0,
+    "passkey_fraction": 0.0,
+    "mix": None,
+    "answer_weight": 1.0,
+    "seq_len": None,
+    "init_from": None,
+    "first_batch": 0,
+}
+
+
 def run_state(model_cfg: GPTConfig, train_cfg: TrainConfig, corpus: str) -> dict:
     """What a checkpoint must match to be resumed: model, optimisation and data."""
     train = asdict(train_cfg)
-    for optional in ("copy_fraction", "passkey_fraction", "mix", "seq_len", "init_from", "first_batch"):
-        if not train[optional]:
+    for optional, default in _LATER_FIELDS.items():
+        if train[optional] == default:
             del train[optional]  # the default: checkpoints written before the field existed still match
     return {"model": model_cfg.to_dict(), "train": train, "corpus": corpus}
 

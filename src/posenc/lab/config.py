@@ -30,7 +30,7 @@ from posenc.lab.encodings import (
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
 from posenc.lab.flags import like, option
-from posenc.lab.mix import check_mix_fits, check_training_mix, mix_help
+from posenc.lab.mix import check_answer_weight, check_mix_fits, check_training_mix, mix_help
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
@@ -135,6 +135,13 @@ class TrainConfig:
         "learns retrieval inside the training length, 0..1; with the copy fraction at most 1 in all",
     )
     mix: str | None = option(None, help=mix_help)
+    answer_weight: float = option(
+        D.ANSWER_WEIGHT,
+        type=float,
+        help="loss weight of the training mix's answer bytes (a recall value after its query, a copy, a "
+        "passkey after its question) against the other bytes', the loss staying a weighted mean; 1: every "
+        "byte alike",
+    )
     # continuing a trained model (an extension recipe, posenc.lab.recipes):
     seq_len: int | None = None  # window length, default the model's max_len
     init_from: str | None = None  # a run or checkpoint directory whose weights start this run
@@ -148,6 +155,7 @@ class TrainConfig:
         check_mix(self.copy_fraction, self.passkey_fraction)
         mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
         object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
+        check_answer_weight(self.answer_weight, mix, self.copy_fraction, self.passkey_fraction)
         check_int("batch_size", self.batch_size)
         check_int("warmup", self.warmup, minimum=0)
         check_number("lr", self.lr, low=0, low_open=True, finite=True)
@@ -211,6 +219,7 @@ class Settings:
     copy_fraction: float = like(TrainConfig, "copy_fraction")
     passkey_fraction: float = like(TrainConfig, "passkey_fraction")
     mix: str | None = like(TrainConfig, "mix")
+    answer_weight: float = like(TrainConfig, "answer_weight")
     passkey_trials: int = like(EvalConfig, "passkey_trials")
     # extension by training (posenc.lab.recipes): each recipe continues the base model for extend_steps
     extend_to: int = option(
@@ -235,6 +244,7 @@ class Settings:
         check_mix(self.copy_fraction, self.passkey_fraction)
         mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
         object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
+        check_answer_weight(self.answer_weight, mix, self.copy_fraction, self.passkey_fraction)
         if self.passkey_fraction:
             least = passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1
             if self.train_len < least:
@@ -309,6 +319,7 @@ class Settings:
             copy_fraction=self.copy_fraction,
             passkey_fraction=self.passkey_fraction,
             mix=self.mix,
+            answer_weight=self.answer_weight,
         )
 
     def recipes_for(self, scheme: str) -> list[str]:

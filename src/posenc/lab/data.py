@@ -25,6 +25,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -235,6 +236,16 @@ def load_corpus(
     return Corpus(path=str(root), train=train, val=val)
 
 
+class Batch(NamedTuple):
+    """One training batch: inputs ``x`` and targets ``y`` ``(B, T)`` int64 (y is x shifted by one), and
+    ``answers`` ``(B, T)`` bool, the targets that only far context predicts (the answer bytes of the
+    training mix's tasks; all False for text)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    answers: torch.Tensor
+
+
 def batch_at(
     tokens: np.ndarray,
     step: int,
@@ -245,8 +256,8 @@ def batch_at(
     copy_fraction: float = 0.0,
     passkey_fraction: float = 0.0,
     mix: str | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The training batch for one step: ``(x, y)``, each ``(batch_size, seq_len)`` int64, y = x shifted.
+) -> Batch:
+    """The training batch for one step: ``(x, y, answers)``, each ``(batch_size, seq_len)``, y = x shifted.
 
     Window starts are drawn from a generator seeded by ``(seed, step)`` alone, so a run resumed at
     step s sees exactly the batches an uninterrupted run would, with no sampler state to save, and
@@ -262,6 +273,9 @@ def batch_at(
     ``mix``: the training mix ``"recall=0.2,copy=0.2,passkey=0.05"`` (:func:`posenc.lab.mix.mix_rows`),
     drawn after the starts too, so no mix gives exactly the batches of before; not beside the two shares
     above (:func:`posenc.lab.mix.check_training_mix`).
+
+    ``answers`` marks the targets each task's builder names as its answers (a repeated segment's: its
+    repeat after the first byte), which the loss may weigh apart (``--answer-weight``).
     """
     n_starts = len(tokens) - seq_len - 1
     if n_starts < 1:
@@ -274,6 +288,7 @@ def batch_at(
     starts = torch.randint(0, n_starts + 1, (batch_size,), generator=gen).numpy()
     idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
     window = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    answers = torch.zeros(window.shape, dtype=torch.bool)
     if copy_fraction > 0 or passkey_fraction > 0:
         if copy_fraction + passkey_fraction > 1:
             raise CorpusError(
@@ -282,12 +297,23 @@ def batch_at(
         u = torch.rand(batch_size, generator=gen)
         copies = u < copy_fraction
         window[copies] = repeat_rows(window[copies])
+        answers[copies, (window.shape[1] + 1) // 2 + 1 :] = True
         if passkey_fraction > 0:
             keys = ~copies & (u < copy_fraction + passkey_fraction)
-            window[keys] = passkey_rows(window[keys], gen)
+            window[keys], answers[keys] = passkey_rows(window[keys], gen)
     if mix:
-        window, _ = mix_rows(window, mix, gen)
-    return window[:, :-1], window[:, 1:]
+        window, _, answers = mix_rows(window, mix, gen)
+    return Batch(window[:, :-1], window[:, 1:], answers[:, 1:])
+
+
+def loss_weights(answers: torch.Tensor, answer_weight: float) -> torch.Tensor | None:
+    """Each target's loss weight ``(B, T)`` float32: ``answer_weight`` on the answers ``(B, T)`` bool and 1
+    elsewhere, divided by their mean, so that ``mean(weights * losses)`` is the weighted mean of the losses
+    (and a slice of the rows or of the sequence keeps the whole batch's scale); None at weight 1."""
+    if answer_weight == 1:
+        return None
+    weights = torch.where(answers, float(answer_weight), 1.0)
+    return weights / weights.mean()
 
 
 def repeat_rows(rows: torch.Tensor) -> torch.Tensor:

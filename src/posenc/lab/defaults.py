@@ -32,6 +32,8 @@ CKPT_EVERY = 100
 # the training mix: shares of windows made into copy tasks and into passkey prompts (0: plain text)
 COPY_FRACTION = 0.0
 PASSKEY_FRACTION = 0.0
+# the loss weight of the training mix's answer bytes against every other byte's (1: all bytes alike)
+ANSWER_WEIGHT = 1.0
 
 # ---------------------------------------------------------------------------------------------- evaluation
 

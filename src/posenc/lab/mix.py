@@ -31,6 +31,7 @@ from posenc.lab.recall import recall_min_length, recall_rows
 
 __all__ = [
     "MIX_TASKS",
+    "check_answer_weight",
     "check_mix_fits",
     "check_training_mix",
     "copy_rows",
@@ -45,12 +46,12 @@ __all__ = [
 COPY_MIN_SPAN = 8
 
 
-def copy_rows(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Training windows ``(n, T)`` with a span copied forward: ``(n, T)``.
+def copy_rows(rows: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training windows ``(n, T)`` with a span copied forward: ``(n, T)``, and their answers ``(n, T)`` bool.
 
     A span of s bytes, s uniform in ``[8, max(8, T // 4)]``, from a uniform source offset a is written over
     the bytes at a uniform later offset b >= a + s (no overlap), so the copy's bytes after its first are
-    predictable from b - a bytes back. Every draw is from ``gen``.
+    predictable from b - a bytes back: those are the answers. Every draw is from ``gen``.
     """
     n, t = rows.shape
     if t < 2 * COPY_MIN_SPAN:
@@ -58,21 +59,24 @@ def copy_rows(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
             f"the copy training mix needs windows of at least {2 * COPY_MIN_SPAN} bytes (a span and its "
             f"copy); these have {t} (the training length + 1)"
         )
-    out = rows.clone()
+    out, answers = rows.clone(), torch.zeros(rows.shape, dtype=torch.bool)
     spans = torch.randint(COPY_MIN_SPAN, max(COPY_MIN_SPAN, t // 4) + 1, (n,), generator=gen).tolist()
     u = torch.rand(n, 2, generator=gen, dtype=torch.float64).tolist()
     for i, s in enumerate(spans):
         a = int(u[i][0] * (t - 2 * s + 1))  # source: 0 .. t - 2s
         b = a + s + int(u[i][1] * (t - a - 2 * s + 1))  # copy: a + s .. t - s
         out[i, b : b + s] = rows[i, a : a + s]
-    return out
+        answers[i, b + 1 : b + s] = True
+    return out, answers
 
 
-def _passkey(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def _passkey(rows: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return passkey_rows(rows, gen)
 
 
-# name -> (what each window becomes, the rows' builder, the least training length it fits)
+# name -> (what each window becomes, the rows' builder, the least training length it fits). A builder takes
+# windows (n, T) and a generator and returns the task's windows (n, T) and its answers (n, T) bool: the
+# bytes that only far context predicts, which --answer-weight weighs in the loss.
 MIX_TASKS = {
     "recall": ("key-value pairs early, their keys asked late", recall_rows, recall_min_length() - 1),
     "copy": ("a span copied to a random later offset", copy_rows, 2 * COPY_MIN_SPAN - 1),
@@ -133,6 +137,19 @@ def check_training_mix(
     return ",".join(f"{name}={share!r}" for name, share in shares.items()) or None
 
 
+def check_answer_weight(
+    answer_weight: float, mix: str | None, copy_fraction: float = 0.0, passkey_fraction: float = 0.0
+) -> None:
+    """A positive finite weight; other than 1 only with a training mix (or a copy or passkey share), whose
+    answer bytes it weighs."""
+    check_number("answer_weight", answer_weight, low=0, low_open=True, finite=True)
+    if answer_weight != 1 and not (parse_mix(mix) or copy_fraction or passkey_fraction):
+        raise LabError(
+            f"answer_weight={answer_weight:g} weighs the answer bytes of the training mix, and there is none "
+            f"(mix={mix!r}); give a mix (e.g. --mix {_EXAMPLE}) or leave answer_weight at 1"
+        )
+
+
 def mix_min_length(mix: str | None) -> int:
     """The least training length (bytes) whose windows fit every task of ``mix`` (1 for no mix)."""
     return max([1] + [MIX_TASKS[name][2] for name in parse_mix(mix)])
@@ -160,9 +177,10 @@ def mix_help() -> str:
 
 def mix_rows(
     window: torch.Tensor, mix: str | None, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``window`` ``(n, T)`` with each row, with probability its task's share of ``mix``, made into that
-    task; and each row's task ``(n,)`` int64, its index in :data:`MIX_TASKS` or -1 for text.
+    task; each row's task ``(n,)`` int64, its index in :data:`MIX_TASKS` or -1 for text; and the answers
+    ``(n, T)`` bool, the bytes of each task that only far context predicts (none in a text row).
 
     One uniform draw per row picks its task (the shares stacked in :data:`MIX_TASKS` order); then each
     task's builder draws its rows' details, in that order.
@@ -175,9 +193,9 @@ def mix_rows(
             high = low + shares[name]
             kinds[(u >= low) & (u < high)] = j
             low = high
-    out = window.clone()
+    out, answers = window.clone(), torch.zeros(window.shape, dtype=torch.bool)
     for j, (_, rows_of, _) in enumerate(MIX_TASKS.values()):
         chosen = kinds == j
         if chosen.any():
-            out[chosen] = rows_of(window[chosen], gen)
-    return out, kinds
+            out[chosen], answers[chosen] = rows_of(window[chosen], gen)
+    return out, kinds, answers

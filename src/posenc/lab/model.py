@@ -32,6 +32,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "KVCache",
+    "byte_losses",
     "eval_extension",
     "next_byte_loss",
     "rope_extension",
@@ -128,6 +129,11 @@ class Block(nn.Module):
             y = posenc.attention(q, k, v, causal=True, **attend)  # (B, H, T, hd)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, D))
         return x + self.mlp(self.norm2(x))
+
+
+def byte_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy (nats) of each target: logits ``(B, T, V)`` against target ids ``(B, T)``, ``(B, T)``."""
+    return F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
 
 
 def next_byte_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -117,8 +117,11 @@ def passkey_prompt(
     return fill[:cut] + needle + fill[cut:] + question, key
 
 
-def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code") -> torch.Tensor:
-    """Training windows ``(n, T)`` int64 made into passkey prompts with their answers, ``(n, T)``.
+def passkey_rows(
+    rows: torch.Tensor, gen: torch.Generator, *, style: str = "code"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training windows ``(n, T)`` int64 made into passkey prompts with their answers, ``(n, T)``, and
+    where the answers are, ``(n, T)`` bool: the key's bytes after the question.
 
     Each row keeps its own bytes, in order, as filler (so the text around the needle is the corpus's) and
     becomes ``filler[:cut] + needle + filler[cut:room] + question + key + filler[room:]``, exactly T bytes:
@@ -137,9 +140,9 @@ def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code
             f"(a {low}-digit key in the {style!r} prompt, with its answer); these have {t} (the training "
             f"length + 1)"
         )
-    out = rows.clone()
+    out, answers = rows.clone(), torch.zeros(rows.shape, dtype=torch.bool)
     if n == 0:
-        return out
+        return out, answers
     digits = torch.randint(room[0], room[-1] + 1, (n,), generator=gen).tolist()
     depths = torch.rand(n, generator=gen, dtype=torch.float64).tolist()
     values = torch.randint(0, 10, (n, high), generator=gen).tolist()
@@ -152,7 +155,8 @@ def passkey_rows(rows: torch.Tensor, gen: torch.Generator, *, style: str = "code
         ids, _ = passkey_prompt(end - digits[i], key, depths[i], style=style, filler=filler)
         used = end - shortest  # filler bytes the prompt took: all but needle, question and key
         out[i] = torch.tensor(ids + encode(key) + filler[used : used + t - end], dtype=out.dtype)
-    return out
+        answers[i, end - digits[i] : end] = True
+    return out, answers
 
 
 # ---------------------------------------------------------------------------------------------- evaluation

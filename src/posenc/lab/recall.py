@@ -15,7 +15,8 @@ probe's lengths are its distance buckets, and the last L bytes as context hold e
 (the far-context gain on exactly the answer bytes).
 
 Shapes: rows ``(N, T)`` int64 byte ids; answer starts ``(N, K)`` int64, the position in the row of each
-query's first value byte (K = :func:`recall_pairs`).
+query's first value byte (K = :func:`recall_pairs`); answers ``(N, T)`` bool, the value bytes after the
+queries (what ``--answer-weight`` weighs in training).
 """
 
 from __future__ import annotations
@@ -106,11 +107,11 @@ def _draw(draw_values, filler, keys, pair_at, query_at) -> tuple[list[int], list
     return ids, answers
 
 
-def recall_rows(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def recall_rows(rows: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Training windows ``(n, T)`` int64 made into recall windows ``(n, T)``: :func:`recall_pairs` (T) pairs
     at uniform offsets of the first half of the filler, their queries in a random order at uniform offsets
     of the second half, the rest the row's own bytes in order (its last ones dropped to make room). Every
-    draw is from ``gen``."""
+    draw is from ``gen``. Also returns the answers ``(n, T)`` bool: each query's value bytes."""
     n, t = rows.shape
     k = recall_pairs(t)
     room = t - 2 * k * RECALL_ITEM
@@ -119,7 +120,7 @@ def recall_rows(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
             f"the recall training mix needs windows of at least {recall_min_length()} bytes (a pair and its "
             f"query); these have {t} (the training length + 1)"
         )
-    out = rows.clone()
+    out, answers = rows.clone(), torch.zeros(rows.shape, dtype=torch.bool)
     for i in range(n):
         keys = torch.randperm(26 * 26, generator=gen)[:k].tolist()
         pair_at = sorted(torch.randint(0, room // 2 + 1, (k,), generator=gen).tolist())
@@ -129,9 +130,11 @@ def recall_rows(rows: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
             picks = torch.randint(0, len(VALUE_ALPHABET), (k, VALUE_LEN), generator=gen).tolist()
             return ["".join(VALUE_ALPHABET[c] for c in v) for v in picks]
 
-        ids, _ = _draw(values, _clean(rows[i, :room].tolist()), keys, pair_at, query_at)
+        ids, starts = _draw(values, _clean(rows[i, :room].tolist()), keys, pair_at, query_at)
         out[i] = torch.tensor(ids, dtype=out.dtype)
-    return out
+        for start in starts:
+            answers[i, start : start + VALUE_LEN] = True
+    return out, answers
 
 
 def recall_batch(

@@ -18,6 +18,7 @@ from posenc.lab.config import Settings
 from posenc.lab.defaults import PASSKEY_DIGITS, PASSKEY_STYLE
 from posenc.lab.figure import extrapolation_figure
 from posenc.lab.measures import BY_LENGTH, measured
+from posenc.lab.mix import parse_mix
 from posenc.lab.recipes import RECIPES
 from posenc.lab.stats import pooled_wilson
 from posenc.runs.figures import save_figure
@@ -226,6 +227,14 @@ def _results_md(s: Settings, rows: list[dict], corpus: str, device: str, wall_s:
     return "\n".join(md)
 
 
+def _mix_words(s: Settings) -> str:
+    """The training mix and its answer weight in words ("" for none)."""
+    if not s.mix:
+        return ""
+    weight = f", its answer bytes weighted {s.answer_weight:g}x" if s.answer_weight != 1 else ""
+    return f"mix {s.mix}{weight}"
+
+
 def _recipe_section(s: Settings) -> list[str]:
     """What the ``scheme~recipe`` rows are, and what they cost (compute-matched), when there are any."""
     if not s.extend_steps or not any(s.recipes_for(sc) for sc in s.schemes):
@@ -311,7 +320,7 @@ def _probe_sections(s: Settings, rows: list[dict]) -> list[str]:
             f"the first quarter and their keys asked at the end (at n >= 2 x {L}, distances in (n/2, n]); "
             f"the share of queries answered exactly, ppl on the value bytes, and ppl with only the last {L} "
             "tokens as context / ppl with the whole window on them (above 1: the far pairs are read; "
-            f"trained with mix {s.mix or 'none: expect 0 and ~1'}):",
+            f"trained with {_mix_words(s) or 'no mix: expect 0 and ~1'}):",
             "",
             recall,
             "",
@@ -324,11 +333,12 @@ def _passkey_section(s: Settings, rows: list[dict]) -> list[str]:
     keys = passkey_table(rows, s.eval_lens, s.train_len, s.passkey_trials) if s.passkey_trials else ""
     if not keys:
         return []
-    trained = (
-        f" (trained with a passkey share of {s.passkey_fraction})"
-        if s.passkey_fraction
-        else " (trained without passkey prompts: expect 0, see docs/lab.md)"
-    )
+    if s.passkey_fraction:
+        trained = f" (trained with a passkey share of {s.passkey_fraction})"
+    elif "passkey" in parse_mix(s.mix):
+        trained = f" (trained with {_mix_words(s)})"
+    else:
+        trained = " (trained without passkey prompts: expect 0, see docs/lab.md)"
     return [
         f"Passkey retrieval: {s.passkey_trials} prompts per length{' and seed' if s.seeds > 1 else ''}, "
         f"a {PASSKEY_DIGITS}-digit key hidden at a random depth of validation text in a "

@@ -40,10 +40,10 @@ from posenc.lab.checkpoint import (
 from posenc.lab.checks import check_int
 from posenc.lab.config import GPTConfig, TrainConfig
 from posenc.lab.context_parallel import ContextShard, check_context_run
-from posenc.lab.data import Corpus, batch_at, load_corpus
+from posenc.lab.data import Corpus, batch_at, load_corpus, loss_weights
 from posenc.lab.errors import LabError
 from posenc.lab.layers import plan_of
-from posenc.lab.model import GPT, next_byte_loss
+from posenc.lab.model import GPT, byte_losses, next_byte_loss
 from posenc.lab.runtime import Processes
 from posenc.parallel import shard_indices
 
@@ -240,9 +240,12 @@ class _Run:
             (self.out / "run.json").write_text(json.dumps(record, indent=2))
         return start
 
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the global batch of ``step``: ``(x, y)``, each ``(batch / world, seq)``."""
-        x, y = batch_at(
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """This rank's rows of the global batch of ``step``: ``(x, y, weights)``, each ``(batch / world,
+        seq)``; ``weights`` (None at answer weight 1) are each target's loss weight, scaled so that they
+        average 1 over the global batch: the mean over ranks of mean(weights * loss) is then the weighted
+        mean of the whole batch, as DDP's averaged gradient needs."""
+        x, y, answers = batch_at(
             self.corpus.train,
             self.cfg.first_batch + step,
             batch_size=self.cfg.batch_size,
@@ -252,22 +255,30 @@ class _Run:
             passkey_fraction=self.cfg.passkey_fraction,
             mix=self.cfg.mix,
         )
+        weights = loss_weights(answers, self.cfg.answer_weight)
         per_rank = self.cfg.batch_size // self.replicas
         rows = slice(self.replica * per_rank, (self.replica + 1) * per_rank)
         x, y = x[rows], y[rows]
+        weights = None if weights is None else weights[rows]
         if self.shard is not None:
             x, y = x[:, self.shard.indices], y[:, self.shard.indices]
-        return x.to(self.dev), y.to(self.dev)
+            weights = None if weights is None else weights[:, self.shard.indices]
+        return x.to(self.dev), y.to(self.dev), None if weights is None else weights.to(self.dev)
 
     def step(self, step: int) -> float:
-        """One optimizer step on the batch of ``step``; returns its loss (nats per byte)."""
-        x, y = self.batch(step)
+        """One optimizer step on the batch of ``step``; returns its loss (nats per byte, every byte alike
+        whatever the answer weight, so that runs compare)."""
+        x, y, weights = self.batch(step)
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(step, self.cfg)
         logits = self.net(x) if self.shard is None else self.net(x, shard=self.shard)
-        loss = next_byte_loss(logits, y)
+        if weights is None:
+            loss = objective = next_byte_loss(logits, y)
+        else:
+            losses = byte_losses(logits, y)
+            loss, objective = losses.mean(), (losses * weights).mean()
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
