@@ -30,7 +30,7 @@ from posenc.lab.encodings import (
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
 from posenc.lab.flags import like, option
-from posenc.lab.mix import check_answer_weight, check_mix_fits, check_training_mix, mix_help
+from posenc.lab.mix import check_mix_fits, check_training_mix, mix_help
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
@@ -138,9 +138,7 @@ class TrainConfig:
     answer_weight: float = option(
         D.ANSWER_WEIGHT,
         type=float,
-        help="loss weight of the training mix's answer bytes (a recall value after its query, a copy, a "
-        "passkey after its question) against the other bytes', the loss staying a weighted mean; 1: every "
-        "byte alike",
+        help="loss weight of the training mix's answer bytes against the others' (weighted mean); 1: alike",
     )
     # continuing a trained model (an extension recipe, posenc.lab.recipes):
     seq_len: int | None = None  # window length, default the model's max_len
@@ -153,9 +151,8 @@ class TrainConfig:
             check_int("seq_len", self.seq_len)
         check_int("first_batch", self.first_batch, minimum=0)
         check_mix(self.copy_fraction, self.passkey_fraction)
-        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
+        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction, self.answer_weight)
         object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
-        check_answer_weight(self.answer_weight, mix, self.copy_fraction, self.passkey_fraction)
         check_int("batch_size", self.batch_size)
         check_int("warmup", self.warmup, minimum=0)
         check_number("lr", self.lr, low=0, low_open=True, finite=True)
@@ -242,9 +239,8 @@ class Settings:
         check_int("seeds", self.seeds)
         object.__setattr__(self, "protocols", self.eval_config().protocols)  # checked, in report order
         check_mix(self.copy_fraction, self.passkey_fraction)
-        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction)
+        mix = check_training_mix(self.mix, self.copy_fraction, self.passkey_fraction, self.answer_weight)
         object.__setattr__(self, "mix", mix)  # canonical: the run state and provenance compare it
-        check_answer_weight(self.answer_weight, mix, self.copy_fraction, self.passkey_fraction)
         if self.passkey_fraction:
             least = passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1
             if self.train_len < least:

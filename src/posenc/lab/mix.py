@@ -31,7 +31,6 @@ from posenc.lab.recall import recall_min_length, recall_rows
 
 __all__ = [
     "MIX_TASKS",
-    "check_answer_weight",
     "check_mix_fits",
     "check_training_mix",
     "copy_rows",
@@ -122,10 +121,11 @@ def parse_mix(spec: str | None) -> dict[str, float]:
 
 
 def check_training_mix(
-    mix: str | None, copy_fraction: float = 0.0, passkey_fraction: float = 0.0
+    mix: str | None, copy_fraction: float = 0.0, passkey_fraction: float = 0.0, answer_weight: float = 1.0
 ) -> str | None:
     """The canonical form of ``mix`` (None when it holds no share), refused beside ``copy_fraction`` or
-    ``passkey_fraction``: a window cannot be drawn by two mixes."""
+    ``passkey_fraction`` (a window cannot be drawn by two mixes); ``answer_weight`` must be positive and
+    finite, and other than 1 only where some window has answers to weigh."""
     if mix is not None and not isinstance(mix, str):
         raise LabError(f"mix={mix!r} must be a string NAME=SHARE,..., e.g. {_EXAMPLE}")
     shares = parse_mix(mix)
@@ -134,20 +134,13 @@ def check_training_mix(
             f"mix={mix!r} cannot be combined with copy_fraction={copy_fraction} or passkey_fraction="
             f"{passkey_fraction}; give the passkey's share in the mix (passkey=P) and leave those at 0"
         )
-    return ",".join(f"{name}={share!r}" for name, share in shares.items()) or None
-
-
-def check_answer_weight(
-    answer_weight: float, mix: str | None, copy_fraction: float = 0.0, passkey_fraction: float = 0.0
-) -> None:
-    """A positive finite weight; other than 1 only with a training mix (or a copy or passkey share), whose
-    answer bytes it weighs."""
     check_number("answer_weight", answer_weight, low=0, low_open=True, finite=True)
-    if answer_weight != 1 and not (parse_mix(mix) or copy_fraction or passkey_fraction):
+    if answer_weight != 1 and not (shares or copy_fraction or passkey_fraction):
         raise LabError(
             f"answer_weight={answer_weight:g} weighs the answer bytes of the training mix, and there is none "
             f"(mix={mix!r}); give a mix (e.g. --mix {_EXAMPLE}) or leave answer_weight at 1"
         )
+    return ",".join(f"{name}={share!r}" for name, share in shares.items()) or None
 
 
 def mix_min_length(mix: str | None) -> int:
