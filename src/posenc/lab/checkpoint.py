@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
@@ -182,23 +182,25 @@ def is_complete(out_dir: str | os.PathLike, steps: int) -> bool:
     return int(state.get("step", -1)) >= steps
 
 
-# TrainConfig's fields added after the first checkpoints were written, with their defaults
-_LATER_FIELDS = {
-    "copy_fraction": 0.0,
-    "passkey_fraction": 0.0,
-    "mix": None,
-    "answer_weight": 1.0,
-    "seq_len": None,
-    "init_from": None,
-    "first_batch": 0,
-}
+# TrainConfig's fields added after the first checkpoints were written: left out of the run state at their
+# defaults, so that those checkpoints still resume
+_LATER_FIELDS = (
+    "copy_fraction",
+    "passkey_fraction",
+    "mix",
+    "answer_weight",
+    "seq_len",
+    "init_from",
+    "first_batch",
+)
+_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 
 
 def run_state(model_cfg: GPTConfig, train_cfg: TrainConfig, corpus: str) -> dict:
     """What a checkpoint must match to be resumed: model, optimisation and data."""
     train = asdict(train_cfg)
-    for optional, default in _LATER_FIELDS.items():
-        if train[optional] == default:
+    for optional in _LATER_FIELDS:
+        if train[optional] == _DEFAULTS[optional]:
             del train[optional]  # the default: checkpoints written before the field existed still match
     return {"model": model_cfg.to_dict(), "train": train, "corpus": corpus}
 

@@ -297,7 +297,7 @@ def batch_at(
         u = torch.rand(batch_size, generator=gen)
         copies = u < copy_fraction
         window[copies] = repeat_rows(window[copies])
-        answers[copies, (window.shape[1] + 1) // 2 + 1 :] = True
+        answers[copies, _repeat_start(window.shape[1]) + 1 :] = True
         if passkey_fraction > 0:
             keys = ~copies & (u < copy_fraction + passkey_fraction)
             window[keys], answers[keys] = passkey_rows(window[keys], gen)
@@ -316,9 +316,14 @@ def loss_weights(answers: torch.Tensor, answer_weight: float) -> torch.Tensor | 
     return weights / weights.mean()
 
 
+def _repeat_start(length: int) -> int:
+    """Where the repeat of a row of ``length`` begins: after its first ``ceil(length / 2)`` tokens."""
+    return (length + 1) // 2
+
+
 def repeat_rows(rows: torch.Tensor) -> torch.Tensor:
     """Rows ``(n, T)`` whose first ``ceil(T / 2)`` tokens are repeated to fill them: ``s + s``, cut to T."""
-    half = (rows.shape[1] + 1) // 2
+    half = _repeat_start(rows.shape[1])
     return torch.cat((rows[:, :half], rows[:, :half]), dim=1)[:, : rows.shape[1]]
 
 

@@ -69,10 +69,6 @@ def copy_rows(rows: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, t
     return out, answers
 
 
-def _passkey(rows: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    return passkey_rows(rows, gen)
-
-
 # name -> (what each window becomes, the rows' builder, the least training length it fits). A builder takes
 # windows (n, T) and a generator and returns the task's windows (n, T) and its answers (n, T) bool: the
 # bytes that only far context predicts, which --answer-weight weighs in the loss.
@@ -81,7 +77,7 @@ MIX_TASKS = {
     "copy": ("a span copied to a random later offset", copy_rows, 2 * COPY_MIN_SPAN - 1),
     "passkey": (
         "a passkey prompt with its answer",
-        _passkey,
+        passkey_rows,
         passkey_min_length(TRAIN_KEY_DIGITS[0], "code") - 1,
     ),
 }
