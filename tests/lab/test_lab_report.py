@@ -200,16 +200,40 @@ def test_passkey_table_and_panel_show_the_wilson_interval_of_all_seeds_trials():
     assert len(extrapolation_figure({**payload, "passkey_trials": 0}).axes) == 2
 
 
-@pytest.mark.parametrize("passkey", [False, True])
-def test_every_axis_label_lies_inside_the_figure(passkey):
+def test_the_recall_panel_draws_the_probe_s_exact_answers_with_one_sd():
+    rows = [
+        {
+            "scheme": "rope",
+            "ppl": {"8": 3.0},
+            "recall": {"8": 0.5, "16": 0.0},
+            "recall_sd": {"8": 0.25, "16": 0.0},
+        },
+        {"scheme": "swan", "ppl": {"8": 3.0}, "recall": {"8": None, "16": None}},
+    ]
+    fig = extrapolation_figure({"train_len": 8, "passkey_trials": 0, "results": rows})
+    _, _, recall = fig.axes
+    assert recall.get_title() == "Associative recall: pairs read from far back"
+    (line,) = [ln for ln in recall.get_lines() if ln.get_label() == "rope"]  # swan has nothing to draw
+    assert list(line.get_xdata()) == [8, 16] and list(line.get_ydata()) == [0.5, 0.0]
+    (bars,) = recall.collections
+    np.testing.assert_allclose(bars.get_segments()[0], [[8, 0.25], [8, 0.75]])
+    assert recall.get_ylim() == (-0.03, 1.03)
+    assert len(extrapolation_figure({"train_len": 8, "results": rows[1:]}).axes) == 2
+
+
+@pytest.mark.parametrize("panels", [2, 4])
+def test_every_axis_label_lies_inside_the_figure(panels):
     """The y label of the left panel was reported cut off at the figure's edge [D8]: every label and tick
     label of every panel must lie inside the saved figure."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     payload = json.loads(json.dumps(PAYLOAD))
-    if not passkey:
-        payload["passkey_trials"] = 0
+    payload["passkey_trials"] = 0
+    if panels == 4:  # passkey and recall panels beside perplexity and gain
+        payload["passkey_trials"] = 10
+        payload["results"][0] |= {"passkey": {"8": 1.0, "16": 0.5}, "recall": {"8": 0.75, "32": 0.0}}
     fig = extrapolation_figure(payload)
+    assert len(fig.axes) == panels
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     renderer = canvas.get_renderer()

@@ -373,9 +373,9 @@ PRESET_OVERRIDES: dict[str, dict] = {
         eval_tokens=262144,
         ckpt_every=500,
     ),
-    # Far context (with --mix and --answer-weight): L = 256 bytes holds about seven lines of code, and 4 layers
-    # of 8 heads are deep enough for induction heads (two layers suffice: Olsson et al. 2022); evaluated to 8L,
-    # where the recall probe's distances end. Sized to train on a CPU; its measured cost: docs/lab.md.
+    # Far context (with --mix and --answer-weight): L = 256 bytes holds about seven lines of code, and 4
+    # layers of 8 heads are deep enough for induction heads (two suffice: Olsson et al. 2022); evaluated to
+    # 8L, where the recall probe's distances end. Sized to train on a CPU; its measured cost: docs/lab.md.
     "long": dict(train_len=256, eval_mults=(1, 2, 4, 8), steps=4000, ckpt_every=250),
 }
 PRESETS: dict[str, Settings] = {name: Settings(**kw) for name, kw in PRESET_OVERRIDES.items()}

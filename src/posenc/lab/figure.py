@@ -1,5 +1,5 @@
 """The comparison's plot: perplexity and far-context gain against evaluation length, and passkey
-accuracy when it was measured, one line per scheme, from the content of results.json
+accuracy and associative recall when they were measured, one line per scheme, from the content of results.json
 (:func:`posenc.lab.report.results_payload`)."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _passkey_interval(r: dict, trials: int) -> tuple[list[int], list[float], lis
 
 
 def extrapolation_figure(payload: dict) -> Figure:
-    """Perplexity vs evaluation length (log-log) and far-context gain vs length; passkey accuracy vs length
-    as a third panel when it was measured.
+    """Perplexity vs evaluation length (log-log) and far-context gain vs length; passkey accuracy and the
+    recall probe's exact answers vs length as further panels when they were measured.
 
     ``payload`` is the content of results.json. One line per scheme, extensions (``scheme+X``) dashed,
     recipes (``scheme~R``) dash-dotted,
@@ -50,8 +50,9 @@ def extrapolation_figure(payload: dict) -> Figure:
     rows = payload["results"]
     trials = payload.get("passkey_trials") or 0
     names = ["ppl", "gain"] + (["passkey"] if trials and any(_points(r, "passkey")[0] for r in rows) else [])
+    names += ["recall"] if any(_points(r, "recall")[0] for r in rows) else []
     legend_rows = math.ceil((len(rows) + 1) / 6)
-    fig = Figure(figsize=(6 * len(names), 4.5 + 0.22 * legend_rows), dpi=120)
+    fig = Figure(figsize=((6 if len(names) < 4 else 5) * len(names), 4.5 + 0.22 * legend_rows), dpi=120)
     panels = dict(zip(names, fig.subplots(1, len(names)), strict=True))
     _draw_rows(panels, rows, trials)
     _label_panels(panels, payload["train_len"])
@@ -114,6 +115,12 @@ def _label_panels(panels: dict, train_len: int) -> None:
         px.set_ylim(-0.03, 1.03)
         px.set_ylabel("passkey accuracy (95% Wilson interval)")
         px.set_title("Passkey retrieval: a key hidden in the text", fontsize=10)
+    if "recall" in panels:
+        rx = panels["recall"]
+        rx.axvline(train_len, color="grey", lw=1, ls=":")
+        rx.set_ylim(-0.03, 1.03)
+        rx.set_ylabel("recall: values answered exactly")
+        rx.set_title("Associative recall: pairs read from far back", fontsize=10)
     for panel in panels.values():
         panel.set_xscale("log", base=2)
         panel.set_xlabel("evaluation length (tokens)")
