@@ -148,7 +148,7 @@ def test_compare_writes_table_and_plot(compared, tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # What the PNG shows: the figure of results.json, one line per row and the training length.
     fig = extrapolation_figure(data)
-    ax, gain, keys = fig.axes
+    ax, gain, keys, recall = fig.axes  # the recall probe runs in every comparison
     assert ax.get_title() == "Length extrapolation: trained short, evaluated long"
     assert ax.get_xlabel() == "evaluation length (tokens)" and ax.get_ylabel() == "perplexity (bytes)"
     labels = [line.get_label() for line in ax.get_lines()]
@@ -159,6 +159,8 @@ def test_compare_writes_table_and_plot(compared, tmp_path):
     asked = [r["scheme"] for r in data["results"] if r["passkey"][str(data["eval_lens"][-1])] is not None]
     assert [line.get_label() for line in keys.get_lines()][:-1] == asked and "learned" not in asked
     assert keys.get_title() == "Passkey retrieval: a key hidden in the text"
+    probed = [r["scheme"] for r in data["results"] if any(v is not None for v in r["recall"].values())]
+    assert [line.get_label() for line in recall.get_lines()][:-1] == probed
     save_figure(fig, tmp_path / "again.png")
     assert (tmp_path / "again.png").read_bytes() == png
     for scheme in ("none", "sinusoidal", "learned", "rope", "alibi"):
