@@ -109,18 +109,17 @@ def _label_panels(panels: dict, train_len: int) -> None:
     gx.set_ylabel(f"ppl(last {train_len} as context) / ppl(whole window)")
     gx.set_title("Far-context gain: above 1, tokens past the training length help", fontsize=10)
     gx.legend(handles=[reference], fontsize=8)
-    if "passkey" in panels:
-        px = panels["passkey"]
-        px.axvline(train_len, color="grey", lw=1, ls=":")
-        px.set_ylim(-0.03, 1.03)
-        px.set_ylabel("passkey accuracy (95% Wilson interval)")
-        px.set_title("Passkey retrieval: a key hidden in the text", fontsize=10)
-    if "recall" in panels:
-        rx = panels["recall"]
-        rx.axvline(train_len, color="grey", lw=1, ls=":")
-        rx.set_ylim(-0.03, 1.03)
-        rx.set_ylabel("recall: values answered exactly")
-        rx.set_title("Associative recall: pairs read from far back", fontsize=10)
+    # the accuracy panels: a share between 0 and 1 against length
+    accuracies = {
+        "passkey": ("passkey accuracy (95% Wilson interval)", "Passkey retrieval: a key hidden in the text"),
+        "recall": ("recall: values answered exactly", "Associative recall: pairs read from far back"),
+    }
+    for name, (ylabel, title) in accuracies.items():
+        if name in panels:
+            panels[name].axvline(train_len, color="grey", lw=1, ls=":")
+            panels[name].set_ylim(-0.03, 1.03)
+            panels[name].set_ylabel(ylabel)
+            panels[name].set_title(title, fontsize=10)
     for panel in panels.values():
         panel.set_xscale("log", base=2)
         panel.set_xlabel("evaluation length (tokens)")
