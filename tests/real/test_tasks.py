@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc.real.passkey import passkey_prompts
-from posenc.real.tasks import ESSAY_SOURCE, TASKS, check_tasks, make_trials, min_length, score
+from posenc.real.tasks import DEFAULT_TASKS, ESSAY_SOURCE, TASKS, check_tasks, make_trials, min_length, score
 from posenc.real.tasks.haystack import essay_text
 
 from .fake_tokenizer import CharTokenizer
@@ -37,7 +37,7 @@ def test_every_task_fills_its_length_and_holds_what_it_expects(task, chat):
             assert trial.prefix[0] == 1 and "<" not in TOK.decode(trial.prefix[:50])
 
 
-@pytest.mark.parametrize("task", [t for t in TASKS if TASKS[t].questions > 1])
+@pytest.mark.parametrize("task", [t for t in TASKS if TASKS[t].max_questions is None])
 def test_needles_go_in_at_increasing_depths_over_the_grid(task):
     trial = make_trials(task, TOK, LENGTH, 1, seed=0, questions=4)[0]
     depths = [q.depth for q in trial.questions]
@@ -114,7 +114,7 @@ def test_any_length_from_the_minimum_is_filled_exactly(task, extra, seed, chat):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"task": "niah"}, r"task 'niah' is not one of niah_noise, .*did you mean"),
+        ({"task": "niah"}, r"task 'niah' is not one of niah_single_1, .*did you mean"),
         ({"length": 0}, r"length must be an integer >= 1, not 0"),
         ({"length": 1.5e4}, r"length must be an integer >= 1, not 15000.0"),
         ({"length": True}, r"length must be an integer >= 1, not True"),
@@ -159,9 +159,12 @@ def test_check_tasks_takes_known_names_once():
 
 def test_every_task_is_registered_with_its_source_and_answer_budget():
     assert list(TASKS) == [
-        "niah_noise",
-        "niah_essay",
-        "niah_multikey",
+        "niah_single_1",
+        "niah_single_2",
+        "niah_single_3",
+        "niah_multikey_1",
+        "niah_multikey_2",
+        "niah_multikey_3",
         "niah_multivalue",
         "niah_multiquery",
         "vt",
@@ -169,7 +172,11 @@ def test_every_task_is_registered_with_its_source_and_answer_budget():
         "fwe",
         "kv",
         "passkey",
+        "niah_noise",
+        "niah_essay",
+        "niah_multikey",
     ]
+    assert DEFAULT_TASKS == tuple(list(TASKS)[:13])  # the many-needle variants run only when named
     for name, task in TASKS.items():
         assert task.name == name and task.title and re.search(r"arXiv:\d{4}\.\d{5}", task.source)
     ruler = {"niah_noise": 128, "niah_multikey": 128, "vt": 30, "cwe": 120, "fwe": 50}  # RULER's constants
@@ -218,3 +225,45 @@ def test_score_is_the_share_of_expected_strings_in_the_answer(n, data):
     noise = data.draw(st.text(st.characters(codec="ascii", categories=["L"]), max_size=10))
     answer = noise + " ".join(expected[i].upper() for i in sorted(found))
     assert score(expected, answer) == len(found) / n
+
+
+# RULER's synthetic.yaml (Hsieh et al. 2024): needles of each kind in one haystack, keys among them, values
+# a question asks, questions per haystack
+RULER_COUNTS = {
+    "niah_single_1": (1, 1, 1),
+    "niah_single_2": (1, 1, 1),
+    "niah_single_3": (1, 1, 1),
+    "niah_multikey_1": (4, 4, 1),
+    "niah_multivalue": (4, 1, 4),
+    "niah_multiquery": (4, 4, 4),
+}
+HAYSTACK_OF_NEEDLES = ("niah_multikey_2", "niah_multikey_3")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    task=st.sampled_from([*RULER_COUNTS, *HAYSTACK_OF_NEEDLES, "vt"]),
+    extra=st.integers(0, 4000),
+    seed=st.integers(0, 10_000),
+)
+def test_rulers_tasks_hold_exactly_rulers_counts(task, extra, seed):
+    length = min_length(task, TOK) + 1500 + extra
+    (trial,) = make_trials(task, TOK, length, 1, seed=seed)
+    assert len(trial.questions) == 1
+    (q,) = trial.questions
+    haystack = TOK.decode(trial.prefix[trial.haystack_at :])
+    if task == "vt":  # one chain of 4 hops: its value and 4 assignments, and the solved example's chain
+        assert len(q.expected) == 5 and len(trial.needle_spans) == 5
+        assert len(re.findall(r"VAR [A-Z]{5} = \d{5}\.", haystack)) == 1
+        return
+    needles = re.findall(r"One of the special magic \w+ for (\S+) is: (\S+)\.", haystack)
+    mine = [TOK.decode(trial.prefix[a:b]) for a, b in trial.needle_spans]
+    if task in HAYSTACK_OF_NEEDLES:  # one real needle; every other line is a distractor of the same form
+        assert len(mine) == 1 and len(needles) > 10 and len(q.expected) == 1
+        assert sum(v == q.expected[0] for _, v in needles) == 1
+        return
+    count, keys, values = RULER_COUNTS[task]
+    assert len(needles) == len(mine) == count and len({k for k, _ in needles}) == keys
+    asked = re.search(r"for (.+?) mentioned", TOK.decode(q.ids)).group(1).replace(", and ", ", ").split(", ")
+    assert len(asked) == (4 if task == "niah_multiquery" else 1)
+    assert len(q.expected) == values and sorted(q.expected) == sorted(v for k, v in needles if k in asked)

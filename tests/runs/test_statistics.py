@@ -2,6 +2,7 @@
 bootstrap by its properties and its exact small case, the verdict, RULER's effective length, the refusals."""
 
 import math
+import re
 from fractions import Fraction
 from itertools import product
 
@@ -209,3 +210,74 @@ def test_bad_input_is_one_clear_value_error(call, message):
 def test_the_module_names_its_sources():
     doc = statistics.__doc__
     assert "McNemar 1947" in doc and "Efron 1979" in doc and "arXiv:2404.06654" in doc
+
+
+def _enumerated_cluster_means(values, clusters):
+    """Every resample of whole clusters with replacement (k^k ordered draws, equally likely) and its mean."""
+    labels = list(dict.fromkeys(clusters))
+    k = len(labels)
+    sums = [math.fsum(v for v, c in zip(values, clusters, strict=True) if c == lab) for lab in labels]
+    counts = [sum(c == lab for c in clusters) for lab in labels]
+    means = []
+    for draw in product(range(k), repeat=k):
+        means.append(math.fsum(sums[i] for i in draw) / sum(counts[i] for i in draw))
+    return np.array(means)
+
+
+def test_the_cluster_bootstrap_resamples_whole_clusters_as_enumeration_does():
+    values = [0.3, -1.2, 2.5, 0.1, 0.4, -0.7]
+    clusters = ["a", "a", "b", "c", "c", "c"]
+    exact = _enumerated_cluster_means(values, clusters)
+    drawn = statistics._cluster_means(np.array(values), np.array([0, 0, 1, 2, 2, 2]), 40_000, 3)
+    assert drawn.mean() == pytest.approx(exact.mean(), abs=0.01)
+    assert drawn.std() == pytest.approx(exact.std(), rel=0.02)
+    # every resample's mean is one of the enumerated ones
+    assert np.isin(np.round(drawn, 9), np.round(exact, 9)).all()
+    low, high = statistics.cluster_bootstrap_mean(values, clusters, n_resamples=40_000, seed=3)
+    # the enumerated distribution's own quantiles (each of the 27 draws 1/27 likely)
+    e_low, e_high = np.quantile(exact, [0.025, 0.975], method="inverted_cdf")
+    assert low == pytest.approx(e_low, abs=1e-9) and high == pytest.approx(e_high, abs=1e-9)
+
+
+def test_one_value_a_cluster_is_the_plain_bootstrap():
+    values = [0.0, 1.0, 1.0, 0.0, 1.0]
+    plain = statistics.bootstrap_mean(values, n_resamples=20_000, seed=1)
+    clustered = statistics.cluster_bootstrap_mean(values, range(5), n_resamples=20_000, seed=1)
+    assert clustered == pytest.approx(plain, abs=0.03)
+
+
+def test_the_clustered_test_flips_each_haystacks_summed_difference():
+    a = [1.0, 2.0, 0.5, 3.0, 1.5, 2.5]
+    b = [0.0, 0.5, 0.0, 1.0, 0.0, 1.0]
+    clusters = [0, 0, 1, 1, 2, 2]
+    c = statistics.compare_clustered(a, b, clusters)
+    # three haystacks, every summed difference positive: 2 of the 8 sign assignments are as far
+    assert c.p_value == pytest.approx(2 / 8) and c.verdict == statistics.NOT_SEPARABLE
+    assert c.clusters == 3 and c.questions == 6 and c.difference == pytest.approx(np.mean(np.subtract(a, b)))
+    many = statistics.compare_clustered(a * 3, b * 3, [i // 2 for i in range(18)])
+    assert many.p_value == pytest.approx(2 / 2**9) and many.verdict == statistics.A_BETTER
+    assert (
+        many.low > 0 and statistics.compare_clustered(b * 3, a * 3, range(18)).verdict == statistics.B_BETTER
+    )
+
+
+def test_nolimas_effective_length_is_relative_to_the_models_own_short_score():
+    scores = {1024: 0.8, 2048: 0.7, 4096: 0.6, 8192: 0.2}
+    assert statistics.relative_effective_length(scores, base=0.8) == 2048  # 0.85 * 0.8 = 0.68
+    assert statistics.relative_effective_length(scores, base=0.7) == 4096  # 0.595
+    assert statistics.effective_length(scores) is None  # RULER's absolute 85.6 is never met
+    assert statistics.relative_effective_length(scores, base=0.0) is None
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: statistics.cluster_bootstrap_mean([1.0, math.nan], [0, 1]), "finite numbers"),
+        (lambda: statistics.cluster_bootstrap_mean([1.0, 2.0], [0]), "1 labels for 2 values"),
+        (lambda: statistics.compare_clustered([1.0], [1.0, 2.0], [0]), "clusters has 1 labels for 2"),
+        (lambda: statistics.relative_effective_length({1: 0.5}, base=2), "base=2 must be a score"),
+    ],
+)
+def test_bad_clustered_input_is_refused_by_name(call, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call()

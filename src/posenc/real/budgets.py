@@ -9,14 +9,14 @@ perplexity windows, one haystack per task and length.
 - ``quick``: minutes; a smoke test that still runs every task once, at 2048 and 4096 tokens with N taken as
   2048 (the numbers show that everything runs, not how a method extends the model).
 - ``cpu``: N and 2N, the six methods most users pick (none, YaRN, dynamic NTK, Llama 3.1, SelfExtend,
-  ReRoPE; a model with a per-layer plan takes the methods it can run) and the five tasks that ask many
-  questions of one haystack (needles in noise and in real prose, UUID needles among distractors, key-value
-  retrieval, variable tracking; the passkey, one question per long forward, is left to the other budgets),
-  one perplexity window and one haystack per task and length, each shared by 20 questions: 100 scored
-  questions per length from 5 long forwards. An answer may take the tokens its expected strings need plus
-  16 (at most the task's own budget, RULER's): a right answer stops as soon as it holds them, so the bound
-  only cuts a wrong one short.
-- ``gpu``: N, 2N and 4N, every method, three haystacks per task and length.
+  ReRoPE; a model with a per-layer plan takes the methods it can run), one perplexity window, and RULER's
+  niah_single_1 as RULER defines it (one needle in the noise sentences, one question a haystack), 10
+  haystacks per length, the trials of a length sharing their needle-free haystack's forward
+  (:mod:`posenc.real.trials`). Up to N only the model as trained answers them, at N/8, N/4, N/2 and N: its
+  own baseline (the other methods' cost inside N is their perplexity there); at 2N every method does. An answer may take the tokens its expected strings need plus 16 (at most the
+  task's own budget, RULER's): a right answer stops as soon as it holds them, so the bound only cuts a
+  wrong one short.
+- ``gpu``: N, 2N and 4N, every method, 50 haystacks per task and length, the ladder below N.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from dataclasses import dataclass
 __all__ = ["BUDGETS", "Budget", "check_budget", "default_budget"]
 
 CPU_METHODS = ("none", "yarn", "dynamic", "llama3", "selfextend", "rerope")
-CPU_TASKS = ("niah_noise", "niah_essay", "niah_multikey", "kv", "vt")
+CPU_TASKS = ("niah_single_1",)
+LADDER = (1 / 8, 1 / 4, 1 / 2)  # N/8, N/4, N/2: the model's own baseline below its trained length
 # a model with a per-layer plan takes no remap: the frequency methods on its global layers and the layer
 # conversions instead
+CPU_TRIALS = 10  # haystacks (one question each) per task and length: what two hours hold on 2 cores
 PLANNED_CPU_METHODS = ("none", "yarn", "dynamic", "llama3", "nope-global", "nope-global-temp")
 
 
@@ -38,7 +40,10 @@ class Budget:
     assumes instead of the model's (quick only). windows: perplexity windows per length. trials: haystacks
     per task and length. questions: questions per haystack (None: each task's own). answer_tokens: the most
     tokens an answer may take (None: each task's, RULER's). methods / planned: the
-    default methods for a model with one RoPE and for one with a per-layer plan (None: all of them)."""
+    default methods for a model with one RoPE and for one with a per-layer plan (None: all of them). ladder:
+    shorter lengths, as fractions of the trained length, where the model as trained answers the tasks alone:
+    its own baseline, against which its effective length is read. baseline_within: up to the trained
+    length only the model as trained answers the tasks (the others' cost there is their perplexity)."""
 
     name: str
     summary: str
@@ -52,6 +57,8 @@ class Budget:
     train_len: int | None = None
     methods: tuple[str, ...] | None = None
     planned: tuple[str, ...] | None = None
+    ladder: tuple[float, ...] = ()
+    baseline_within: bool = False
 
 
 BUDGETS = {
@@ -63,7 +70,6 @@ BUDGETS = {
             (1, 2),
             windows=1,
             trials=1,
-            questions=2,
             answer_slack=8,
             train_len=2048,
             methods=("none", "yarn"),
@@ -71,17 +77,25 @@ BUDGETS = {
         ),
         Budget(
             "cpu",
-            "N and 2N, the six methods most users pick, five tasks of 20 questions, one haystack each",
+            "N and 2N, the six methods most users pick, RULER's niah_single_1; the model alone at N/8..N",
             (1, 2),
             windows=1,
-            trials=1,
-            questions=20,
+            trials=CPU_TRIALS,
             answer_slack=16,
             tasks=CPU_TASKS,
             methods=CPU_METHODS,
             planned=PLANNED_CPU_METHODS,
+            ladder=LADDER,
+            baseline_within=True,
         ),
-        Budget("gpu", "N, 2N and 4N, every method, three haystacks per task and length", (1, 2, 4), 4, 3),
+        Budget(
+            "gpu",
+            "N, 2N and 4N, every method, 50 haystacks per task and length; the model alone at N/8..N/2",
+            (1, 2, 4),
+            4,
+            50,
+            ladder=LADDER,
+        ),
     )
 }
 """name -> :class:`Budget`."""

@@ -43,6 +43,7 @@ def cmd_extend(args) -> int:
         questions=args.questions,
         layers=args.layers,
         answer_tokens=args.answer_tokens,
+        ladder=None if args.ladder is None else tuple(args.ladder),
     )
     check_settings(settings)  # before the model loads, which takes seconds (tens for a new GGUF)
     check_corpus(args.corpus)
@@ -156,7 +157,19 @@ def _measure_args(p) -> None:
     p.add_argument(
         "--windows", type=cli.positive_int, help="perplexity windows per length (default: the budget's)"
     )
+    p.add_argument(
+        "--ladder",
+        type=_ladder,
+        help="shorter lengths in tokens, comma-separated, where the model as trained (method none) answers "
+        "the tasks alone: its own baseline for the effective length; none for no ladder (default: the "
+        "budget's, N/8, N/4 and N/2 for cpu and gpu)",
+    )
     _task_args(p)
+
+
+def _ladder(text: str) -> list[int]:
+    """An argparse ``type``: ``none``, or lengths as :func:`posenc.cli.int_list` takes them."""
+    return [] if text.strip() == "none" else cli.int_list(text)
 
 
 def _task_args(p) -> None:
@@ -168,7 +181,7 @@ def _task_args(p) -> None:
         type=cli.name_list,
         help="comma-separated long-context tasks, or none: "
         + "; ".join(f"{name}: {t.title}" for name, t in TASKS.items())
-        + " (default: every task)",
+        + " (default: every task but the many-needle variants niah_noise, niah_essay, niah_multikey)",
     )
     p.add_argument(
         "--trials", type=cli.positive_int, help="haystacks per task and length (default: the budget's)"

@@ -88,25 +88,80 @@ class Continuation:
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _cache(self, capacity: int):
+        """An empty cache whose full-attention layers reserve ``capacity`` tokens."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [
+            reserved_layer_class()(capacity) if type(layer) is DynamicLayer else layer
+            for layer in cache.layers
+        ]
+        return cache
+
+    def _feed(self, cache, ids) -> torch.Tensor:
+        """Run ``ids`` after what ``cache`` holds; the logits of the last position."""
+        step = torch.as_tensor(list(ids), device=self._device())[None]
+        return self.model(input_ids=step, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache}).logits
+
     @torch.inference_mode()
     def prefill(self, prefix, reserve: int = DEFAULT_RESERVE) -> tuple[object, list[dict]]:
         """Run ``prefix`` (token ids) once: its cache and the snapshot its questions restore. ``reserve``:
         the tokens a question and its answer may add before a full-attention layer's buffer grows."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
         if len(prefix) == 0:
             raise ValueError("prefix is empty: a trial needs at least one token before its questions")
         if reserve < 0:
             raise ValueError(f"reserve must be >= 0 tokens, got {reserve}")
-        cache = DynamicCache(config=self.model.config)
-        cache.layers = [
-            reserved_layer_class()(len(prefix) + reserve) if type(layer) is DynamicLayer else layer
-            for layer in cache.layers
-        ]
-        ids = torch.as_tensor(list(prefix), device=self._device())[None]
-        self.model(input_ids=ids, use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        cache = self._cache(len(prefix) + reserve)
+        self._feed(cache, prefix)
         return cache, [_snapshot(layer) for layer in cache.layers]
+
+    @torch.inference_mode()
+    def prefill_at(
+        self, prefix, cuts, reserve: int = DEFAULT_RESERVE
+    ) -> tuple[object, dict[int, list[dict]]]:
+        """Run ``prefix`` once, in pieces that end at each of ``cuts`` (token counts in 1..len(prefix)): its
+        cache and, per cut, the snapshot of the cache holding the first ``cut`` tokens. Continuing from a
+        snapshot (:meth:`extend`, :meth:`answers`) writes over the cache after it, so a caller visits the
+        cuts from the latest to the earliest."""
+        cuts = sorted(set(cuts) | {len(prefix)})
+        if len(prefix) == 0 or cuts[0] < 1:
+            raise ValueError(f"cuts must lie in 1..{len(prefix)} tokens of a non-empty prefix, got {cuts}")
+        if reserve < 0:
+            raise ValueError(f"reserve must be >= 0 tokens, got {reserve}")
+        cache, points, at = self._cache(len(prefix) + reserve), {}, 0
+        for cut in cuts:
+            self._feed(cache, prefix[at:cut])
+            points[cut] = [_snapshot(layer) for layer in cache.layers]
+            at = cut
+        return cache, points
+
+    @torch.inference_mode()
+    def extend(self, cache, snapshot: list[dict], ids) -> list[dict]:
+        """The cache restored to ``snapshot`` and continued with ``ids``: the snapshot after them."""
+        if len(ids) == 0:
+            raise ValueError("extend needs at least one token")
+        _restore_all(cache, snapshot)
+        self._feed(cache, ids)
+        return [_snapshot(layer) for layer in cache.layers]
+
+    @torch.inference_mode()
+    def gold_logprob(self, cache, snapshot: list[dict], ids, gold) -> float:
+        """log p(``gold`` | the prefix of ``snapshot``, ``ids``), teacher-forced, in nats: the summed
+        log-likelihood of every gold token given those before it (float64 from the model's logits)."""
+        if len(ids) == 0 or len(gold) == 0:
+            raise ValueError(
+                f"a gold answer needs question tokens and gold tokens, got {len(ids)} and {len(gold)}"
+            )
+        _restore_all(cache, snapshot)
+        step = torch.as_tensor([*ids, *gold], device=self._device())[None]
+        out = self.model(
+            input_ids=step, use_cache=True, logits_to_keep=len(gold) + 1, **{self._cache_kw: cache}
+        )
+        logp = torch.log_softmax(out.logits[0, : len(gold)].double(), dim=-1)
+        target = torch.as_tensor(list(gold), device=logp.device)
+        return float(logp.gather(-1, target[:, None]).sum())
 
     @torch.inference_mode()
     def answer(self, cache, snapshot: list[dict], ids, max_new_tokens: int, done=None) -> Answer:

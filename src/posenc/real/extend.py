@@ -38,6 +38,7 @@ from posenc.real.continuation import Continuation
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
 from posenc.real.layers import DEFAULT_LAYERS, parse_method
 from posenc.real.loader import RealModel
+from posenc.real.longppl import short_context_ids, truncation, window_keys
 from posenc.real.methods import (
     EXTEND_METHODS,
     check_applicable,
@@ -48,9 +49,9 @@ from posenc.real.methods import (
 from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.results import method_row, payload, trial_costs, trial_scores
 from posenc.real.scoring import Scorer, window_stats
-from posenc.real.tasks import TASKS, check_tasks, make_trials, min_length
+from posenc.real.tasks import DEFAULT_TASKS, TASKS, check_tasks, make_trials, min_length
 from posenc.real.tasks.answers import budgeted
-from posenc.real.trials import run_trial, trial_item
+from posenc.real.trials import run_trials, trial_item
 from posenc.runs.memory import measured_peak
 
 __all__ = [
@@ -83,7 +84,9 @@ class ExtendSettings:
     may take (default: the budget's, else each task's). train_len: the trained length (default
     from the config). factor: the extension factor (default the longest length / train_len, at least 1).
     corpus: a text file or folder (default the standard library). seed: the tasks' and passkeys' draws.
-    chat: ask in the model's chat template when it has one.
+    chat: ask in the model's chat template when it has one. ladder: lengths below the shortest where the
+    model as trained (method ``none``) answers the tasks alone, its own baseline (default: the budget's
+    fractions of the trained length; () for none).
     """
 
     methods: tuple[str, ...] | None = None
@@ -103,6 +106,7 @@ class ExtendSettings:
     questions: int | None = None
     layers: str = DEFAULT_LAYERS
     answer_tokens: int | None = None
+    ladder: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,8 @@ class Plan:
     layers: str = DEFAULT_LAYERS
     answer_tokens: int | None = None
     answer_slack: int | None = None
+    ladder: tuple[int, ...] = ()  # lengths where only the model as trained runs, on the tasks alone
+    baseline_within: bool = False  # up to the trained length, only the model as trained answers the tasks
 
 
 @dataclass
@@ -161,6 +167,8 @@ def check_settings(settings: ExtendSettings) -> None:
         _positive("--lengths", n, minimum=16)
     if settings.lengths is not None and not settings.lengths:
         raise ValueError("--lengths is empty; give token counts like 8192,16384")
+    for n in settings.ladder or ():
+        _positive("--ladder", n, minimum=16)
     for name, value, least in (("--windows", settings.windows, 1), ("--trials", settings.trials, 1)):
         if value is not None:
             _positive(name, value, least)
@@ -206,9 +214,17 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
     factor = settings.factor if settings.factor is not None else max(1.0, longest / train_len)
     planned = _planned(config)
     default_methods = (budget.planned if planned else budget.methods) or _applicable(config, planned)
-    tasks = (budget.tasks or tuple(TASKS)) if settings.tasks is None else tuple(settings.tasks)
+    tasks = (budget.tasks or DEFAULT_TASKS) if settings.tasks is None else tuple(settings.tasks)
+    methods = tuple(settings.methods or default_methods)
+    if settings.ladder is None:
+        ladder = {round(f * train_len) for f in budget.ladder}
+    else:
+        ladder = set(settings.ladder)
+    ladder = (
+        tuple(sorted(n for n in ladder if n < shortest)) if "none" in methods and tasks != NO_TASKS else ()
+    )
     return Plan(
-        methods=tuple(settings.methods or default_methods),
+        methods=methods,
         lengths=lengths,
         windows=settings.windows or budget.windows,
         passkey_trials=settings.passkey_trials,
@@ -225,6 +241,8 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
         answer_tokens=settings.answer_tokens or budget.answer_tokens,
         # an absolute cap given on the command line replaces the budget's slack
         answer_slack=None if settings.answer_tokens else budget.answer_slack,
+        ladder=ladder,
+        baseline_within=budget.baseline_within,
     )
 
 
@@ -300,6 +318,15 @@ def fitting_tasks(plan: Plan, tokenizer, chat: bool, *, asked: bool) -> tuple[tu
     return tuple(kept), left
 
 
+def _fitting_ladder(plan: Plan, tasks, tokenizer, chat: bool) -> tuple[int, ...]:
+    """The ladder's lengths that every task of ``tasks`` fills (a shorter one is left out)."""
+    least = max(
+        (min_length(t, tokenizer, chat=chat, questions=_questions(t, plan.questions)) for t in tasks),
+        default=0,
+    )
+    return tuple(n for n in plan.ladder if n >= least) if tasks else ()
+
+
 def _questions(task: str, asked: int | None) -> int | None:
     """Questions per haystack of ``task``: ``asked`` (None: the task's own), at most what the task takes (a
     task with one answer per haystack, such as cwe, asks once)."""
@@ -332,6 +359,12 @@ def _jobs(
         ids = window_ids(docs[w.document], w, length, start)
         item = f"window/{ids_digest(ids)}/{plan.score_tokens}/{plan.short_tokens}"
         jobs.append(_Job(item, "window", len(ids), f"window {i + 1}/{len(windows)}", tuple(ids)))
+    if length == plan.train_len:  # LongPPL's key tokens: the model as trained, against a truncated context
+        trunc = truncation(plan.train_len)
+        for i, w in enumerate(windows):
+            ids = short_context_ids(window_ids(docs[w.document], w, length, start), plan.score_tokens, trunc)
+            item = f"short/{ids_digest(ids)}/{plan.score_tokens}"
+            jobs.append(_Job(item, "short", len(ids), f"short context {i + 1}/{len(windows)}", tuple(ids)))
     for i, p in enumerate(prompts.get(length, [])):
         item = f"passkey/{ids_digest(p.ids)}/{p.answer_len}"
         jobs.append(_Job(item, "passkey", len(p.ids), f"passkey {i + 1}/{len(prompts[length])}", p.ids, p))
@@ -341,13 +374,28 @@ def _jobs(
     return jobs
 
 
+def _groups(run: list[_Job]) -> list[list[_Job]]:
+    """``run`` as its units of work: the trials of one task together (they share their haystack's
+    forward, :mod:`posenc.real.trials`), every other job alone."""
+    groups: list[list[_Job]] = []
+    for job in run:
+        same = groups and job.kind == "trial" and groups[-1][0].kind == "trial"
+        if same and groups[-1][0].trial.task == job.trial.task:
+            groups[-1].append(job)
+        else:
+            groups.append([job])
+    return groups
+
+
 def _run_job(scorer: Scorer, runner: Continuation, job: _Job, plan: Plan, device, tokenizer) -> dict:
-    if job.kind == "trial":
-        return run_trial(runner, job.trial, device)
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
         if job.kind == "window":
             result = window_stats(scorer.nll(list(job.ids)), plan.score_tokens, plan.short_tokens)
+        elif job.kind == "short":
+            result = {
+                "short_nll": [round(v, 6) for v in scorer.nll(list(job.ids))[-plan.score_tokens :].tolist()]
+            }
         else:
             p = job.prompt
             picked = scorer.answers(list(p.ids), p.answer_len)
@@ -389,7 +437,7 @@ def _inputs(plan: Plan, settings: ExtendSettings, tokenizer):
                 questions=_questions(task, plan.questions),
             )
         ]
-        for n in plan.lengths
+        for n in (*plan.ladder, *plan.lengths)
     }
     return docs, windows, start, prompts, trials
 
@@ -409,14 +457,19 @@ def run_extend(
     plan = resolve(settings, model.config, device)
     treatments, refused = check_methods(plan, model.config)  # before the corpus is tokenized
     tasks, left_out = fitting_tasks(plan, tokenizer, settings.chat, asked=settings.tasks is not None)
-    plan = replace(plan, tasks=tasks)
+    plan = replace(plan, tasks=tasks, ladder=_fitting_ladder(plan, tasks, tokenizer, settings.chat))
     if progress and left_out:
         print(f"left out: {'; '.join(f'{t} {why}' for t, why in left_out.items())}", file=sys.stderr)
     if progress:
         _print_plans(treatments)
     docs, windows, start, prompts, trials = _inputs(plan, settings, tokenizer)
     jobs = {n: _jobs(plan, n, windows, docs, start, prompts, trials) for n in plan.lengths}
+    jobs.update({n: _jobs(plan, n, [], docs, start, {}, trials) for n in plan.ladder})  # tasks alone
     cells = cells_for(out, real.info, model, treatments, plan.lengths, refused)
+    if plan.ladder:
+        cells.update(cells_for(out, real.info, model, {"none": treatments["none"]}, plan.ladder, {}))
+        cells.update({(m, n): None for m in plan.methods if m != "none" for n in plan.ladder})
+    every_length = (*plan.ladder, *plan.lengths)
     todo = _todo(plan, cells, jobs)
     bar = _progress(sum(j.tokens for *_, run in todo for j in run), progress)
     scorer = Scorer(model) if todo else None
@@ -428,20 +481,36 @@ def run_extend(
     }
 
     def write(final: bool) -> tuple[dict, str, list[str]]:
-        rows = [method_row(m, plan, jobs, cells, treatments[m], refused) for m in plan.methods]
+        keys = _key_tokens(plan, cells, jobs)
+        rows = [method_row(m, plan, jobs, cells, treatments[m], refused, keys) for m in plan.methods]
         scored = {
-            "trials": trial_scores(plan.methods, plan.lengths, jobs, cells),
-            "trial_costs": trial_costs(plan.lengths, jobs, cells, plan.methods),
+            "trials": trial_scores(plan.methods, every_length, jobs, cells),
+            "trial_costs": trial_costs(every_length, jobs, cells, plan.methods),
         }
         data = payload(real.info, plan, settings, corpus, rows, {**extra, **scored})
         return (data, *report.write(out, data, figure=final))
 
+    def saved(cell, jobs_of: dict):
+        def save(trial, result: dict) -> None:
+            job = jobs_of[id(trial)]
+            cell.add(job.item, result)
+            if bar is not None:
+                bar.set_postfix_str(f"{m} @ {n}: {job.what}")
+                bar.update(job.tokens)
+
+        return save
+
     try:
         for m, n, run in todo:
             with treatments[m].applied(model):
-                for job in run:
+                for group in _groups(run):
                     if bar is not None:
-                        bar.set_postfix_str(f"{m} @ {n}: {job.what}")
+                        bar.set_postfix_str(f"{m} @ {n}: {group[0].what}")
+                    if group[0].kind == "trial":
+                        jobs_of = {id(j.trial): j for j in group}
+                        run_trials(runner, [j.trial for j in group], device, saved(cells[m, n], jobs_of))
+                        continue
+                    (job,) = group
                     cells[m, n].add(job.item, _run_job(scorer, runner, job, plan, device, tokenizer))
                     if bar is not None:
                         bar.update(job.tokens)
@@ -453,15 +522,40 @@ def run_extend(
     return ExtendResult(data, table, time.perf_counter() - t_start, files)
 
 
+def _key_tokens(plan: Plan, cells: dict, jobs: dict) -> list[list[int]] | None:
+    """LongPPL's key tokens of each window (:func:`posenc.real.longppl.window_keys`), from the model as
+    trained at the trained length; None while they are not measured (or the trained length is not run)."""
+    cell = cells.get(("none", plan.train_len))
+    if cell is None or plan.train_len not in jobs:
+        return None
+    found = {
+        kind: [cell.items.get(j.item) for j in jobs[plan.train_len] if j.kind == kind]
+        for kind in ("window", "short")
+    }
+    return window_keys(found["window"], found["short"])
+
+
+def _asks(plan: Plan, method: str, n: int, job: _Job) -> bool:
+    """Whether ``method`` runs ``job`` at ``n``: LongPPL's truncated contexts are the model as trained's
+    alone, and so are the tasks up to the trained length when the plan keeps them to its baseline."""
+    if method == "none":
+        return True
+    if job.kind == "short":
+        return False
+    return not (job.kind == "trial" and plan.baseline_within and n <= plan.train_len)
+
+
 def _todo(plan: Plan, cells: dict, jobs: dict) -> list:
-    """(method, length, jobs to run): each cell once, in the order of the methods."""
+    """(method, length, jobs to run): each cell once, in the order of the methods; a cell shared with the
+    model as trained runs what the model as trained runs."""
     todo, seen = [], set()
     for m in plan.methods:
-        for n in plan.lengths:
+        for n in (*plan.ladder, *plan.lengths):
             cell = cells[m, n]
             if cell is not None and id(cell) not in seen:
                 seen.add(id(cell))
-                missing = [j for j in jobs[n] if j.item not in cell.items]
+                runs = "none" if cells.get(("none", n)) is cell else m
+                missing = [j for j in jobs[n] if j.item not in cell.items and _asks(plan, runs, n, j)]
                 if missing:
                     todo.append((m, n, missing))
     return todo
@@ -493,6 +587,8 @@ def _extra(plan: Plan, settings: ExtendSettings, tokenizer, left_out: dict) -> d
             "seed": settings.seed,
             "chat_template": chat,
             "essay_haystack": ESSAY_SOURCE,
+            "ladder": list(plan.ladder),
+            "baseline_within": plan.baseline_within,
         },
         "layers": plan.layers,
     }

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from posenc.extension import METHODS
+from posenc.real.gains import Gains, gain_losers, mean_gain
 from posenc.runs.statistics import (
     A_BETTER,
     B_BETTER,
+    NOLIMA_RATIO,
     RULER_THRESHOLD,
     bootstrap_mean,
     compare_paired,
@@ -51,6 +53,7 @@ PPL_TOLERANCE = 1.10  # a method's perplexity within 10% of the lowest counts as
 TRIAL_FIELDS = ("method", "length", "task", "trial", "score")
 SIMPLICITY = ("the model as trained", "fixed RoPE scalings", "length-dependent scalings", "remaps")
 ALL_TASKS = "all tasks"
+TASK_AVERAGE = "task average"
 
 Missing = Callable[[str, int], str]  # (method, length) -> what its empty cell says
 
@@ -107,10 +110,8 @@ class Trials:
         named = [r["method"] for r in payload["results"]]
         methods = named + [m for m in dict.fromkeys(e["method"] for e in entries) if m not in named]
         tasks = tuple(dict.fromkeys(str(e["task"]) for e in entries))
-        lengths = tuple(n for n in payload["lengths"] if n in keys) + tuple(
-            sorted(n for n in keys if n not in payload["lengths"])
-        )
-        return cls(cells, keys, tuple(methods), tasks, lengths)
+        # the ladder's lengths (the model alone, below the others) in their place
+        return cls(cells, keys, tuple(methods), tasks, tuple(sorted(keys)))
 
     def scores(self, method: str, length: int, task: str | None = None) -> list[float] | None:
         """``method``'s scores at ``length`` on ``task``'s trials (every task's with None), in the trials'
@@ -213,37 +214,44 @@ def _mean_over_tasks(trials: Trials, method: str, length: int) -> float | None:
 
 
 def _effective_cell(scores: dict, lengths: tuple[int, ...], threshold: float, train_len: int) -> str | None:
-    """``scores``: {length: mean score or None}; lengths measured in a row from the shortest decide."""
+    """``scores``: {length: mean score or None}; lengths measured in a row from the method's shortest (a
+    method other than the model as trained has no ladder below the trained length) decide."""
     measured = {}
     for n in lengths:
         if scores[n] is None:
-            break
+            if measured:
+                break
+            continue
         measured[n] = scores[n]
     if not measured:
         return None
     found = effective_length(measured, threshold)
     if found is None:
-        return f"below it at {lengths[0]} ({_mult(lengths[0], train_len)})"
+        first = min(measured)
+        return f"below it at {first} ({_mult(first, train_len)})"
     more = " (longer ones not measured)" if found == max(measured) and len(measured) < len(lengths) else ""
     return f"{found} ({_mult(found, train_len)}){more}"
+
+
+def _by_length(trials: Trials, method: str, task: str) -> dict:
+    """{length: ``method``'s mean score on ``task`` (the task average for "task average") or None}."""
+    if task == TASK_AVERAGE:
+        return {n: _mean_over_tasks(trials, method, n) for n in trials.lengths}
+    cells = {n: trials.scores(method, n, task) for n in trials.lengths}
+    return {n: None if s is None else math.fsum(s) / len(s) for n, s in cells.items()}
 
 
 def effective_section(
     trials: Trials, train_len: int, missing: Missing, threshold: float = RULER_THRESHOLD
 ) -> list[str]:
     """Each method's effective length per task and on the task average (RULER's: every task's mean score
-    averaged), with ``threshold`` in percent."""
-    tasks = [*trials.tasks, *(["task average"] if len(trials.tasks) > 1 else [])]
+    averaged), with ``threshold`` in percent; then NoLiMa's, against the model's own shortest score."""
+    tasks = [*trials.tasks, *([TASK_AVERAGE] if len(trials.tasks) > 1 else [])]
     body = []
     for method in trials.methods:
         row = [method]
         for task in tasks:
-            if task == "task average":
-                by_length = {n: _mean_over_tasks(trials, method, n) for n in trials.lengths}
-            else:
-                cells = {n: trials.scores(method, n, task) for n in trials.lengths}
-                by_length = {n: None if s is None else math.fsum(s) / len(s) for n, s in cells.items()}
-            cell = _effective_cell(by_length, trials.lengths, threshold, train_len)
+            cell = _effective_cell(_by_length(trials, method, task), trials.lengths, threshold, train_len)
             row.append(cell or missing(method, trials.lengths[0]))
         body.append(row)
     return [
@@ -253,6 +261,36 @@ def effective_section(
         "RULER's threshold (Hsieh et al. 2024, arXiv:2404.06654): Llama-2-7B's score at 4K. RULER takes the "
         "longest length above it; here every shorter length must pass as well, which is the same whenever "
         "scores fall with length. Read off mean scores: their intervals are in the table above.",
+        "",
+        grid_table(["method", *tasks], body, 1),
+        *_relative_section(trials, train_len, missing, tasks),
+    ]
+
+
+def _relative_section(trials: Trials, train_len: int, missing: Missing, tasks: list[str]) -> list[str]:
+    """NoLiMa's effective length: every method against the model as trained at its shortest length."""
+    base_method = "none" if "none" in trials.methods else trials.methods[0]
+    shortest = trials.lengths[0]
+    body = []
+    for method in trials.methods:
+        row = [method]
+        for task in tasks:
+            base = _by_length(trials, base_method, task)[shortest]
+            scores = _by_length(trials, method, task)
+            if base is None or all(v is None for v in scores.values()):
+                row.append(missing(method, shortest))
+                continue
+            threshold = min(100.0, 100 * NOLIMA_RATIO * base)
+            cell = _effective_cell(scores, trials.lengths, threshold, train_len) if base > 0 else None
+            row.append(cell or f"no baseline ({base_method} scores 0 at {shortest})")
+        body.append(row)
+    return [
+        "",
+        f"### Relative to the model's own baseline: every length up to it keeps {100 * NOLIMA_RATIO:g}% of "
+        f"{base_method}'s score at {shortest} tokens ({_mult(shortest, train_len)})",
+        "",
+        "NoLiMa's effective length (Modarressi et al. 2025, arXiv:2502.05167): a model that never reaches "
+        "RULER's absolute threshold still has a length to lose.",
         "",
         grid_table(["method", *tasks], body, 1),
     ]
@@ -272,13 +310,14 @@ def separable_facts(trials: Trials, train_len: int, alpha: float = ALPHA) -> lis
     return facts
 
 
-def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
-    """The suggestion from paired statistics: at the longest length past the trained one that some methods
-    have every trial of, the methods that no other beats separably (over all tasks' trials, at ``alpha``)
-    and whose perplexity there is within :data:`PPL_TOLERANCE` of the lowest (the same tokens for every
-    method: a method that breaks the model's language is out even where the tasks cannot tell); of those the
-    simplest (:func:`simplicity`), then the lowest perplexity, then the highest mean score. The scores of
-    the methods kept are by construction not separable, so they order only what perplexity leaves tied."""
+def suggest(payload: dict, trials: Trials, alpha: float = ALPHA, gains: Gains | None = None) -> str | None:
+    """The suggestion from paired statistics, at the longest length past the trained one that some methods
+    have every trial of. The tasks decide first: a method that another beats separably there, on the
+    questions' scores or on the needle's gain (``gains``, :mod:`posenc.real.gains`), is out. When some pair
+    separates, the simplest of the others (:func:`simplicity`), then the highest mean gain, then the highest
+    mean score, is suggested. When no pair separates, perplexity decides: of the methods whose perplexity
+    there is within :data:`PPL_TOLERANCE` of the lowest (the same tokens for every method), the simplest,
+    then the lowest perplexity. The last sentence says which evidence decided."""
     L = payload["train_len"]
     longer = [n for n in trials.lengths if n > L and any(trials.scores(m, n) for m in trials.methods)]
     if not longer:
@@ -286,29 +325,54 @@ def suggest(payload: dict, trials: Trials, alpha: float = ALPHA) -> str | None:
     n = longer[-1]
     scored = {m: s for m in trials.methods if (s := trials.scores(m, n)) is not None}
     beaten = {m for a, b in combinations(scored, 2) for m in _loser(scored[a], scored[b], a, b, alpha)}
+    on_gain = {m for m in gain_losers(gains, n, alpha) if m in scored} - beaten
     ppl = {r["method"]: r["ppl"].get(str(n)) for r in payload["results"]}
-    known = [ppl[m] for m in scored if ppl.get(m) is not None]
-    broken = {m for m in scored if ppl.get(m) is not None and ppl[m] > PPL_TOLERANCE * min(known)}
-    kept = [m for m in scored if m not in beaten | broken] or [m for m in scored if m not in beaten]
-    pick = min(kept, key=lambda m: (simplicity(m), ppl.get(m) or math.inf, -math.fsum(scored[m])))
+    gain = {m: mean_gain(gains, m, n) if gains is not None else None for m in scored}
+    out = beaten | on_gain
+    if out:
+        kept = [m for m in scored if m not in out]
+        broken: set[str] = set()
+        pick = min(
+            kept,
+            key=lambda m: (simplicity(m), -(gain[m] if gain[m] is not None else -math.inf), -sum(scored[m])),
+        )
+        evidence = (
+            "scores" if beaten and not on_gain else "needle gains" if not beaten else "scores and gains"
+        )
+        decided = (
+            f"Decided by the tasks ({evidence}): of the methods no other beats separably there (paired, "
+            f"alpha {alpha:g}), the simplest ({' < '.join(SIMPLICITY)}), then the highest needle gain; "
+            "perplexity did not weigh in."
+        )
+    else:
+        known = [ppl[m] for m in scored if ppl.get(m) is not None]
+        broken = {m for m in scored if ppl.get(m) is not None and ppl[m] > PPL_TOLERANCE * min(known)}
+        kept = [m for m in scored if m not in broken] or list(scored)
+        pick = min(kept, key=lambda m: (simplicity(m), ppl.get(m) or math.inf, -math.fsum(scored[m])))
+        decided = (
+            "Decided by perplexity: no two methods separate on the tasks' scores or needle gains there, so "
+            f"of the methods whose perplexity is within {100 * (PPL_TOLERANCE - 1):.0f}% of the lowest, the "
+            f"simplest ({' < '.join(SIMPLICITY)}), then the lowest perplexity."
+        )
     mean = math.fsum(scored[pick]) / len(scored[pick])
     perplexity = f", perplexity {ppl[pick]:.2f}" if ppl.get(pick) is not None else ""
+    gained = f", needle gain {gain[pick]:+.2f} nats/token" if gain.get(pick) is not None else ""
     return (
         f"Suggested start at {n} tokens ({_mult(n, L)}): {pick} (mean score {mean:.2f} over "
-        f"{len(scored[pick])} questions{perplexity}); {_verdict(pick, scored, kept, beaten, broken)}. Rule: "
-        f"of the methods that no other beats separably there (paired, alpha {alpha:g}) and whose perplexity "
-        f"is within {100 * (PPL_TOLERANCE - 1):.0f}% of the lowest, the simplest ({' < '.join(SIMPLICITY)}), "
-        "then the lowest perplexity, then the highest score; a rule of thumb read off these questions, not "
-        "a verdict."
+        f"{len(scored[pick])} questions{gained}{perplexity}); "
+        f"{_verdict(pick, scored, kept, beaten, broken, on_gain)}. {decided} A rule of thumb read off these "
+        "questions, not a verdict."
     )
 
 
-def _verdict(pick: str, scored: dict, kept: list, beaten: set, broken: set) -> str:
+def _verdict(pick: str, scored: dict, kept: list, beaten: set, broken: set, on_gain: set) -> str:
     if len(scored) == 1:
         return "the only method with every question measured there"
     parts = [f"not separable from it: {', '.join(m for m in kept if m != pick) or 'no other'}"]
     if beaten:
         parts.append(f"separably worse on the tasks: {', '.join(m for m in scored if m in beaten)}")
+    if on_gain:
+        parts.append(f"separably lower needle gain: {', '.join(m for m in scored if m in on_gain)}")
     if broken - beaten:
         parts.append(f"perplexity over the tolerance: {', '.join(m for m in scored if m in broken - beaten)}")
     return "; ".join(parts)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc.real import pairs
+from posenc.real.gains import Gains, gain_comparisons_section, gains_section
 from posenc.runs.figures import save_figure
 from posenc.runs.files import write_text_atomic
 from posenc.runs.tables import grid_table
@@ -55,6 +56,9 @@ def _missing(row: dict, n) -> str:
     """What an empty cell of ``row`` at length ``n`` says: not applicable there, or not measured yet (a run
     that stopped before it; running the command again continues)."""
     return "n/a" if str(n) in row.get("not_applicable", {}) else PENDING
+
+
+NOT_ASKED = "not asked"  # the protocol asks the tasks of the model as trained alone there
 
 
 def _count(n: int, noun: str) -> str:
@@ -117,6 +121,31 @@ def _perplexity_section(payload: dict) -> list[str]:
         "every length)",
         "",
         grid_table(head, body, 1),
+        *_longppl_section(payload),
+    ]
+
+
+def _longppl_section(payload: dict) -> list[str]:
+    """LongPPL on the key tokens the model as trained picked, when they were measured."""
+    L, rows, lengths = payload["train_len"], payload["results"], payload["lengths"]
+    keys = next((r.get("longppl_keys") for r in rows if r.get("longppl_keys") is not None), None)
+    if keys is None:
+        return []
+    head = ["method"] + [f"LongPPL@{n} ({_mult(n, L)})" for n in lengths]
+    body = [
+        [r["method"]] + [_num(r["longppl"].get(str(n)), 2, _missing(r, n)) for n in lengths] for r in rows
+    ]
+    return [
+        "",
+        f"### LongPPL: the same windows' {keys} key tokens (Fang et al. 2024, arXiv:2410.23771)",
+        "",
+        f"Key tokens: of those final tokens, the ones the model as trained predicts with its whole {L}-token "
+        f"window at least 2 nats better than with the last {L // 4} tokens before them, and with a loss "
+        "under 2 nats (LongPPL's thresholds); every method at every length is scored on those same tokens.",
+        "",
+        grid_table(head, body, 1)
+        if keys
+        else "No token of these windows is a key token: LongPPL is undefined.",
     ]
 
 
@@ -144,13 +173,27 @@ def _trials_sections(payload: dict) -> list[str]:
         return []
     rows = {r["method"]: r for r in payload["results"]}
 
+    alone = payload.get("tasks", {})
+    baseline = set(alone.get("ladder", ())) | (
+        {n for n in payload["lengths"] if n <= payload["train_len"]}
+        if alone.get("baseline_within")
+        else set()
+    )
+
     def missing(method: str, n: int) -> str:
+        if method != "none" and n in baseline:
+            return NOT_ASKED
         return _missing(rows[method], n) if method in rows else PENDING
 
     L = payload["train_len"]
+    gains = Gains.read(payload)
+    continuous = (
+        [] if gains is None else gains_section(gains, L, missing) + gain_comparisons_section(gains, L)
+    )
     return (
         pairs.scores_section(trials, L, missing)
         + pairs.comparisons_section(trials, L)
+        + continuous
         + pairs.effective_section(trials, L, missing)
     )
 
@@ -249,7 +292,7 @@ def suggestion(payload: dict) -> str | None:
     the lowest perplexity. None when nothing past the trained length was measured."""
     trials = pairs.Trials.read(payload)
     if trials is not None:
-        return pairs.suggest(payload, trials)
+        return pairs.suggest(payload, trials, gains=Gains.read(payload))
     rows, L = payload["results"], payload["train_len"]
     longer = [n for n in payload["lengths"] if n > L]
     if not longer:

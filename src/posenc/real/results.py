@@ -28,9 +28,10 @@ def _description(spec: str) -> str:
     return text
 
 
-def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: dict) -> dict:
+def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: dict, keys=None) -> dict:
     """One method's results (module docstring); ``plan``: the resolved settings, ``jobs``: length -> the
-    jobs every method runs there, ``cells``: (method, length) -> its cell."""
+    jobs every method runs there, ``cells``: (method, length) -> its cell, ``keys``: each window's LongPPL key
+    tokens among its scored tail (:mod:`posenc.real.longppl`; None: not measured)."""
     row = {
         "method": method,
         "description": _description(method),
@@ -39,6 +40,8 @@ def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: d
         "plan": treatment.lines(),
         "ppl": {},
         "ppl_all": {},
+        "longppl": {},
+        "longppl_keys": None if keys is None else sum(map(len, keys)),
         "ppl_short": None,
         "passkey": {},
         "passkey_hits": {},
@@ -55,13 +58,15 @@ def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: d
         cell, key = cells[method, n], str(n)
         if cell is None:
             row["not_applicable"][key] = refused[method, n]
-            for name in ("ppl", "ppl_all", "ppl_by_context", "passkey"):
+            for name in ("ppl", "ppl_all", "ppl_by_context", "passkey", "longppl"):
                 row[name][key] = None
             continue
         if cell.first != method:
             row["same_as"][key] = cell.first
         done = [(j, cell.items.get(j.item)) for j in jobs[n]]
-        _fill_perplexity(row, key, [r for j, r in done if j.kind == "window"], short=n == plan.short_length)
+        wins = [r for j, r in done if j.kind == "window"]
+        _fill_perplexity(row, key, wins, short=n == plan.short_length)
+        row["longppl"][key] = _longppl(wins, keys)
         _fill_passkey(row, key, [r for j, r in done if j.kind == "passkey"])
         present = [r for _, r in done if r is not None]
         row["seconds_by_length"][key] = round(math.fsum(r["seconds"] for r in present), 1)
@@ -70,6 +75,14 @@ def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: d
             row["peak_mib"] = max(row["peak_mib"] or 0.0, *peaks)
     row["seconds"] = round(math.fsum(row["seconds_by_length"].values()), 1)
     return row
+
+
+def _longppl(wins: list, keys) -> float | None:
+    """LongPPL at one length: the perplexity of every window's key tokens; None until all are measured."""
+    if keys is None or not wins or any(r is None or "tail_nll" not in r for r in wins):
+        return None
+    losses = [r["tail_nll"][i] for r, k in zip(wins, keys, strict=True) for i in k]
+    return math.exp(math.fsum(losses) / len(losses)) if losses else None
 
 
 def _fill_perplexity(row: dict, key: str, wins: list, *, short: bool) -> None:
@@ -101,8 +114,10 @@ def _fill_passkey(row: dict, key: str, keys: list) -> None:
 
 def trial_scores(methods, lengths, jobs: dict, cells: dict) -> list[dict]:
     """Every answered question of the task suite, one entry per method, length and question: ``{"method",
-    "length", "task", "trial", "depth", "score", "hit", "answer"}``; ``"trial"`` names the question the same
-    for every method, so that methods pair on it (:mod:`posenc.real.pairs`)."""
+    "length", "task", "trial", "depth", "score", "hit", "answer", "haystack", "logprob", "control_logprob",
+    "gain", "gold_tokens"}``; ``"trial"`` names the question the same for every method, so that methods pair
+    on it (:mod:`posenc.real.pairs`), ``"haystack"`` the trial it was asked in (the cluster its intervals
+    resample)."""
     out = []
     for m in methods:
         for n in lengths:
@@ -120,6 +135,12 @@ def trial_scores(methods, lengths, jobs: dict, cells: dict) -> list[dict]:
                             "score": q["score"],
                             "hit": q["score"] == 1.0,
                             "answer": q["answer"],
+                            # the continuous scores (posenc.real.trials); None in cells saved before them
+                            "haystack": f"{result['task']}/{n}/{result['index']}",
+                            "logprob": q.get("logprob"),
+                            "control_logprob": q.get("control_logprob"),
+                            "gain": q.get("gain"),
+                            "gold_tokens": q.get("gold_tokens"),
                         }
                     )
     return out

@@ -87,9 +87,11 @@ def _edges(n: int, first: int = 64) -> list[int]:
 
 def window_stats(nll: torch.Tensor, tail: int, head: int) -> dict:
     """The summed losses a report needs from one window's ``nll`` (:meth:`Scorer.nll`, (L-1,)), JSON-ready:
-    ``{"tail": [sum, n], "all": [sum, n], "head": [sum, n], "buckets": [[start, end, sum, n], ...]}``.
+    ``{"tail": [sum, n], "all": [sum, n], "head": [sum, n], "buckets": [[start, end, sum, n], ...],
+    "tail_nll": [...]}``.
 
-    tail: the last ``tail`` predictions (the tokens every length scores alike); all: every prediction;
+    tail: the last ``tail`` predictions (the tokens every length scores alike), and each of their losses
+    (tail_nll: LongPPL's key tokens are read from them, :mod:`posenc.real.longppl`); all: every prediction;
     head: the first ``head`` predictions (contexts of at most ``head`` tokens, a short prompt); buckets: the
     predictions at context lengths [0, 64), [64, 128), [128, 256), ... doubling to the window's end.
     """
@@ -105,4 +107,5 @@ def window_stats(nll: torch.Tensor, tail: int, head: int) -> dict:
         "all": part(0, n),
         "head": part(0, min(head, n)),
         "buckets": [[a, b, *part(a, b)] for a, b in zip(edges, edges[1:], strict=False)],
+        "tail_nll": [round(v, 6) for v in values[n - min(tail, n) :]],
     }

@@ -15,7 +15,13 @@ methods, and the effective length.
   on the same trials. Deterministic from ``seed``.
 - :func:`compare_paired`: difference, interval, p-value and the verdict "A better", "B better" or "not
   separable".
-- :func:`effective_length`: RULER's effective length (Hsieh et al. 2024, arXiv:2404.06654).
+- :func:`effective_length`: RULER's effective length (Hsieh et al. 2024, arXiv:2404.06654);
+  :func:`relative_effective_length`: NoLiMa's (Modarressi et al. 2025, arXiv:2502.05167), against the
+  model's own score at its shortest length.
+- :func:`cluster_bootstrap_mean`, :func:`compare_clustered`: for continuous scores (any real number) of
+  questions that share a haystack: the percentile interval resamples whole haystacks (clusters) with
+  replacement (Davison & Hinkley 1997, *Bootstrap Methods*, §3.8), and the paired test flips the sign of
+  each haystack's summed difference.
 
 Scores are per trial, in [0, 1] (1 a hit); every input is checked before any work, and a ValueError names
 the argument, the value and what is allowed.
@@ -34,16 +40,21 @@ import numpy as np
 __all__ = [
     "A_BETTER",
     "B_BETTER",
+    "NOLIMA_RATIO",
     "NOT_SEPARABLE",
     "RULER_THRESHOLD",
     "Z95",
     "PairedComparison",
+    "ClusteredComparison",
     "bootstrap_mean",
+    "cluster_bootstrap_mean",
+    "compare_clustered",
     "compare_paired",
     "effective_length",
     "is_hit_miss",
     "mcnemar_p",
     "paired_bootstrap",
+    "relative_effective_length",
     "sign_flip_p",
     "wilson_interval",
 ]
@@ -145,6 +156,11 @@ def sign_flip_p(differences, *, n_resamples: int = 2000, seed: int = 0) -> float
         d = np.array([np.nan])
     if d.ndim != 1 or np.isnan(d).any() or np.abs(d).max(initial=0) > 1:
         raise ValueError(f"differences={differences!r} must be a sequence of numbers in [-1, 1]")
+    return _sign_flip(d, n_resamples, seed)
+
+
+def _sign_flip(d: np.ndarray, n_resamples: int, seed: int) -> float:
+    """The two-sided sign-flip p-value of the differences ``d`` (finite, any scale)."""
     d = d[d != 0]
     if len(d) == 0:
         return 1.0
@@ -268,3 +284,104 @@ def effective_length(scores_by_length: Mapping[int, float], threshold: float = R
             break
         effective = int(length)
     return effective
+
+
+NOLIMA_RATIO = 0.85  # NoLiMa's: a length is effective while it keeps 85% of the model's own short score
+
+
+def relative_effective_length(
+    scores_by_length: Mapping[int, float], base: float, ratio: float = NOLIMA_RATIO
+) -> int | None:
+    """NoLiMa's effective length (Modarressi et al. 2025, arXiv:2502.05167, §4): the longest length up to
+    which every length scores at least ``ratio`` times ``base``, the model's own score at its shortest
+    length; None when the shortest here misses it (or ``base`` is 0: nothing to keep)."""
+    if not _is_number(base) or not 0 <= base <= 1:
+        raise ValueError(f"base={base!r} must be a score in [0, 1]")
+    if not _is_number(ratio) or not 0 < ratio <= 1:
+        raise ValueError(f"ratio={ratio!r} must be a number in (0, 1]")
+    if base == 0:
+        return None
+    return effective_length(scores_by_length, threshold=min(100.0, 100 * ratio * base))
+
+
+def _clusters(name: str, values, clusters) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` as floats and ``clusters`` as the index of each one's cluster (0..k-1, in first order)."""
+    try:
+        v = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        v = np.array([np.nan])
+    if v.ndim != 1 or len(v) == 0 or not np.isfinite(v).all():
+        raise ValueError(f"{name}={values!r} must be a non-empty sequence of finite numbers")
+    labels = list(clusters)
+    if len(labels) != len(v):
+        raise ValueError(f"clusters has {len(labels)} labels for {len(v)} values; give one per value")
+    index = {c: i for i, c in enumerate(dict.fromkeys(labels))}
+    return v, np.array([index[c] for c in labels])
+
+
+def _cluster_means(v: np.ndarray, c: np.ndarray, n_resamples: int, seed: int) -> np.ndarray:
+    """The mean of every value of ``n_resamples`` resamples of whole clusters, with replacement."""
+    k = int(c.max()) + 1
+    sums, counts = np.bincount(c, weights=v, minlength=k), np.bincount(c, minlength=k).astype(np.float64)
+    rng, block = np.random.default_rng(seed), max(1, 2**20 // k)
+    out = []
+    for start in range(0, n_resamples, block):
+        # how often each cluster is drawn in each resample
+        drawn = rng.integers(0, k, size=(min(block, n_resamples - start), k))
+        times = np.apply_along_axis(np.bincount, 1, drawn, minlength=k).astype(np.float64)
+        out.append((times @ sums) / (times @ counts))
+    return np.concatenate(out)
+
+
+def cluster_bootstrap_mean(
+    values, clusters, *, level: float = 0.95, n_resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """The percentile interval ``(low, high)`` at ``level`` of the mean of ``values`` (any finite numbers),
+    resampling whole clusters: ``clusters[i]`` names value i's (questions asked of one haystack share it,
+    so they are not independent draws). With one value a cluster it is :func:`bootstrap_mean`'s."""
+    v, c = _clusters("values", values, clusters)
+    level = _open_unit("level", level)
+    means = _cluster_means(v, c, *_resampling(n_resamples, seed))
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+@dataclass(frozen=True)
+class ClusteredComparison:
+    """A against B on the same questions, with continuous scores: ``questions``, ``clusters`` (haystacks),
+    ``difference`` mean(a - b), its cluster bootstrap interval ``low``, ``high`` at 1 - alpha, the cluster
+    sign-flip test's ``p_value``, and the verdict (:data:`A_BETTER`, :data:`B_BETTER` or
+    :data:`NOT_SEPARABLE`)."""
+
+    questions: int
+    clusters: int
+    difference: float
+    low: float
+    high: float
+    p_value: float
+    verdict: str
+
+
+def compare_clustered(
+    scores_a, scores_b, clusters, *, alpha: float = 0.05, n_resamples: int = 2000, seed: int = 0
+) -> ClusteredComparison:
+    """Whether A or B scores higher on the same questions (continuous scores, such as the needle's gain in
+    nats per token), the questions grouped in ``clusters``: the sign-flip test on each cluster's summed
+    difference decides (under "neither is better" a whole haystack's difference is as likely either sign),
+    the cluster bootstrap says by how much."""
+    a, c = _clusters("scores_a", scores_a, clusters)
+    b, _ = _clusters("scores_b", scores_b, clusters)
+    if len(a) != len(b):
+        raise ValueError(f"scores_a and scores_b must pair: {len(a)} and {len(b)} values")
+    alpha = _open_unit("alpha", alpha)
+    n_resamples, seed = _resampling(n_resamples, seed)
+    d = a - b
+    p = _sign_flip(np.bincount(c, weights=d), n_resamples, seed)
+    means = _cluster_means(d, c, n_resamples, seed)
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    difference = float(d.mean())
+    verdict = NOT_SEPARABLE
+    if p < alpha and difference != 0:
+        verdict = A_BETTER if difference > 0 else B_BETTER
+    return ClusteredComparison(len(d), int(c.max()) + 1, difference, float(low), float(high), p, verdict)

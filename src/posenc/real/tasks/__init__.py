@@ -6,9 +6,14 @@ Each trial is one haystack of exactly the asked length and several questions ove
 (:class:`~posenc.real.tasks.prompt.Trial`): the model reads the shared ``prefix`` once, each question
 continues it and the model writes its answer, scored by :func:`score` (RULER's recall of the expected
 strings). :data:`TASKS` maps a name to its :class:`~posenc.real.tasks.base.Task` record; a new task is one
-module and one entry here.
+module and one entry here. RULER's tasks ask one question of each haystack, as RULER does; the many-needle
+variants (``niah_noise``, ``niah_essay``, ``niah_multikey``) ask several, and run only when named.
 
-    >>> trials = make_trials("niah_noise", tokenizer, 4096, 10, seed=0)   # doctest: +SKIP
+Each trial also knows its needle-free :attr:`~posenc.real.tasks.prompt.Trial.control` (the same haystack
+without its needles) and each question its gold answer's tokens, for the answer's teacher-forced
+likelihood with and without the needle (:mod:`posenc.real.trials`).
+
+    >>> trials = make_trials("niah_single_1", tokenizer, 4096, 10, seed=0)   # doctest: +SKIP
     >>> min_length("cwe", tokenizer)                                        # doctest: +SKIP
 
 The real-text haystack is :data:`ESSAY_SOURCE` (the Python documentation CPython ships; PSF License).
@@ -24,6 +29,7 @@ from .haystack import ESSAY_SOURCE
 from .prompt import Frame, Question, Trial
 
 __all__ = [
+    "DEFAULT_TASKS",
     "ESSAY_SOURCE",
     "TASKS",
     "Question",
@@ -47,20 +53,43 @@ _LANDMARK = (
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("niah_noise", "needles in noise sentences", _RULER, 4, 128, niah.niah_noise),
-        Task("niah_essay", "needles in real prose", _RULER, 4, 128, niah.niah_essay),
-        Task("niah_multikey", "UUID needles among UUID needles", _RULER, 4, 128, niah.niah_multikey),
-        Task("niah_multivalue", "all 4 values of a key", _RULER, 2, 128, niah.niah_multivalue),
-        Task("niah_multiquery", "the values of 4 keys at once", _RULER, 2, 128, niah.niah_multiquery),
-        Task("vt", "variable tracking: a chain of 4 hops", _RULER, 2, 30, vt.vt),
+        Task("niah_single_1", "one needle in noise sentences", _RULER, 1, 128, niah.niah_noise, 1),
+        Task("niah_single_2", "one needle in real prose", _RULER, 1, 128, niah.niah_essay, 1),
+        Task("niah_single_3", "one UUID-valued needle in real prose", _RULER, 1, 128, niah.niah_single_3, 1),
+        Task("niah_multikey_1", "one of 4 needles in real prose", _RULER, 1, 128, niah.niah_multikey_1, 1),
+        Task("niah_multikey_2", "one needle among word-key needles", _RULER, 1, 128, niah.niah_multikey_2, 1),
+        Task("niah_multikey_3", "one UUID needle among UUID needles", _RULER, 1, 128, niah.niah_multikey, 1),
+        Task("niah_multivalue", "all 4 values of a key", _RULER, 1, 128, niah.niah_multivalue),
+        Task("niah_multiquery", "the values of 4 keys at once", _RULER, 1, 128, niah.niah_multiquery),
+        Task("vt", "variable tracking: a chain of 4 hops", _RULER, 1, 30, vt.vt),
         Task("cwe", "the 10 most common words of a list", _RULER, 1, 120, cwe.cwe, max_questions=1),
         Task("fwe", "the 3 most frequent coded words", _RULER, 1, 50, fwe.fwe, max_questions=1),
         Task("kv", "key-value retrieval from JSON", _LITM, 4, 100, kv.kv),
         Task(
             "passkey", "a five-digit pass key in filler", _LANDMARK, 1, 16, passkey.passkey, max_questions=1
         ),
+        # many-needle variants: several needles, a question each, in one haystack (never run unless named)
+        Task(
+            "niah_noise", "needles in noise sentences", _RULER, 4, 128, niah.niah_noise, None, "niah_single_1"
+        ),
+        Task("niah_essay", "needles in real prose", _RULER, 4, 128, niah.niah_essay, None, "niah_single_2"),
+        Task(
+            "niah_multikey",
+            "UUID needles among UUID needles",
+            _RULER,
+            4,
+            128,
+            niah.niah_multikey,
+            None,
+            "niah_multikey_3",
+        ),
     )
 }
+"""name -> :class:`~posenc.real.tasks.base.Task`: RULER's tasks as RULER configures them, two classics, then
+the many-needle variants (``variant_of`` set)."""
+
+DEFAULT_TASKS = tuple(name for name, task in TASKS.items() if task.variant_of is None)
+"""What runs when no task is named: every task but the many-needle variants."""
 
 
 def _int(name: str, value, least: int) -> int:

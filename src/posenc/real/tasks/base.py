@@ -32,25 +32,34 @@ class Filling(Protocol):
 @dataclass(frozen=True)
 class Ask:
     """One question: its ``question`` text (after the haystack), ``answer_prefix`` (where the answer starts),
-    the ``expected`` strings, and ``needle``: the index among the layout's needles of its first one (None
-    for a question without needles)."""
+    the ``expected`` strings, ``needle``: the index among the layout's needles of its first one (None for a
+    question without needles), and ``separator``: what joins the expected strings in the gold answer that
+    is scored teacher-forced (", " for values, " " for variable names, as the task's example writes them)."""
 
     question: Text
     answer_prefix: Text
     expected: tuple[str, ...]
     needle: int | None = None
+    separator: str = ", "
+
+    def gold(self) -> str:
+        """The gold answer as the model would write it after the answer prefix: a space, then every expected
+        string joined by ``separator``."""
+        return " " + self.separator.join(self.expected)
 
 
 @dataclass(frozen=True)
 class Layout:
     """A trial's text before tokenizing: ``instruction`` (before the haystack), ``asks``, ``filler`` (makes
-    the haystack's other tokens) and ``needles`` (each carries its separator from the text around it: the
-    space before a sentence, the line break or comma after a unit)."""
+    the haystack's other tokens), ``needles`` (each carries its separator from the text around it: the
+    space before a sentence, the line break or comma after a unit) and ``depths`` (where each needle goes,
+    0 to 1, when the task draws them)."""
 
     instruction: Text
     asks: tuple[Ask, ...]
     filler: Filling
     needles: tuple[Text, ...] = ()
+    depths: tuple[float, ...] | None = None  # each needle's, sorted (None: :func:`depths`' rule)
 
 
 @dataclass(frozen=True)
@@ -58,7 +67,9 @@ class Task:
     """A registered task: ``name`` (as ``--tasks`` takes it), ``title``, ``source`` (the paper its
     definition comes from), ``questions`` (asked per haystack by default), ``max_new_tokens`` (the longest
     answer, as the source sets it), ``build`` (draw, questions, length) -> :class:`Layout`, the function that
-    builds a trial's text, and ``max_questions`` (None: as many as the length holds)."""
+    builds a trial's text, ``max_questions`` (None: as many as the length holds), and ``variant_of``: the
+    RULER task whose haystack a many-needle variant asks many questions of (None: a task as its source
+    defines it; only those run unless named)."""
 
     name: str
     title: str
@@ -67,6 +78,7 @@ class Task:
     max_new_tokens: int
     build: Callable[[Draw, int, int], Layout]
     max_questions: int | None = None
+    variant_of: str | None = None
 
 
 def trial_rng(task: str, seed: int, index: int) -> random.Random:
@@ -125,9 +137,10 @@ def make_trial(task: Task, frame: Frame, length: int, index: int, seed: int, que
             f"{task.name}: length {length} is too short for trial {index}: its fixed parts take {fixed} "
             f"tokens and its haystack at least {layout.filler.fewest(tokenizer)}"
         )
-    where = depths(len(needles), index)
+    where = list(layout.depths) if layout.depths is not None else depths(len(needles), index)
     haystack, at = _place(layout.filler.build(tokenizer, room), needles, where, room)
     prefix = tuple(instruction + haystack)
+    golds = encode_many(tokenizer, [a.gold() for a in layout.asks])
     asked = tuple(
         Question(
             ids=tuple(tail),
@@ -135,10 +148,14 @@ def make_trial(task: Task, frame: Frame, length: int, index: int, seed: int, que
             depth=None if a.needle is None else where[a.needle],
             needle_at=None if a.needle is None else len(instruction) + at[a.needle],
             max_new_tokens=task.max_new_tokens,
+            gold=tuple(gold),
         )
-        for a, tail in zip(layout.asks, tails, strict=True)
+        for a, tail, gold in zip(layout.asks, tails, golds, strict=True)
     )
-    return Trial(task.name, index, length, prefix, asked, haystack_at=len(instruction))
+    spans = tuple(
+        (len(instruction) + a, len(instruction) + a + len(n)) for a, n in zip(at, needles, strict=True)
+    )
+    return Trial(task.name, index, length, prefix, asked, haystack_at=len(instruction), needle_spans=spans)
 
 
 def least_length(task: Task, frame: Frame, questions: int) -> int:

@@ -1,17 +1,25 @@
 """Needle-in-a-haystack retrieval: RULER's NIAH family (Hsieh et al. 2024, arXiv:2404.06654, Section 3.1).
 
 A needle is the sentence "One of the special magic numbers for {key} is: {value}." (key: two English words
-with a hyphen; value: a 7-digit number; UUIDs for both in ``niah_multikey``). Several needles go in one
-haystack, at evenly spaced depths, at sentence starts, and each question asks for one key's value(s), so
-one reading of the haystack answers them all. RULER's templates and answer prefixes, in the plural for the
-instruction (the haystack holds several needles) and in the singular for a question about one value.
+with a hyphen; value: a 7-digit number, or a UUID). Needles go in at sentence starts (between units in a
+haystack of needles); a question asks for one key's value(s). RULER's templates and answer prefixes, in
+the plural for the instruction and in the singular for a question about one value.
 
-- ``niah_noise`` (RULER's niah_single_1): in the noise sentences, a question per needle.
-- ``niah_essay`` (niah_single_2): the same in real prose (:data:`~posenc.real.tasks.haystack.ESSAY_SOURCE`).
-- ``niah_multikey`` (niah_multikey_3): a haystack of needles only, UUID keys and values; the asked needles
-  at the depths, the others distractors.
-- ``niah_multivalue``: each asked key has 4 values, spread over the haystack; a question asks all 4.
-- ``niah_multiquery``: a question asks the values of 4 keys at once, spread over the haystack.
+RULER's eight NIAH tasks, as its ``synthetic.yaml`` configures them (one question per haystack):
+
+- ``niah_single_1``: one needle in the noise sentences; ``niah_single_2``: in real prose
+  (:data:`~posenc.real.tasks.haystack.ESSAY_SOURCE`); ``niah_single_3``: in real prose, a UUID value;
+- ``niah_multikey_1``: 4 needles of 4 keys in real prose, one of them asked (the others distract);
+  ``niah_multikey_2``: one needle in a haystack made of needles of other word keys;
+  ``niah_multikey_3``: the same with UUID keys and values;
+- ``niah_multivalue``: one key with 4 values spread over real prose, all 4 asked;
+- ``niah_multiquery``: 4 keys spread over real prose, one question asking all 4 values.
+
+The many-needle variants ask several questions of one haystack, one needle each, so that one long
+forward answers them all; each added needle is a distractor to the others, and scores fall with their
+count (RULER's own ablation), so they are never the default evidence: ``niah_noise`` (niah_single_1's
+haystack, a needle per question), ``niah_essay`` (niah_single_2's), ``niah_multikey`` (niah_multikey_3's),
+and ``niah_multivalue`` / ``niah_multiquery`` asked with ``questions`` > 1.
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ __all__ = [
     "NEEDLE",
     "niah_essay",
     "niah_multikey",
+    "niah_multikey_1",
+    "niah_multikey_2",
     "niah_multiquery",
     "niah_multivalue",
     "niah_noise",
+    "niah_single_3",
 ]
 
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
@@ -44,6 +55,9 @@ _ALL = (
 )
 VALUE_DIGITS = 7
 PER_KEY = 4  # values of a key in niah_multivalue, keys of a question in niah_multiquery (RULER's 4)
+MULTIKEY_1_KEYS = 4  # niah_multikey_1's needles, one of them asked (RULER's num_needle_k)
+# RULER's depths: 40 evenly spaced percentages of the haystack, from which its needles' depths are drawn
+RULER_DEPTHS = tuple(round(100 * i / 39) / 100 for i in range(40))
 
 
 def _ask(kind: str, query: Text, expected: list[Text], needle: int) -> Ask:
@@ -74,6 +88,38 @@ def niah_noise(draw: Draw, questions: int, length: int) -> Layout:
 def niah_essay(draw: Draw, questions: int, length: int) -> Layout:
     """Needles in real prose."""
     return _single(draw, questions, TextFiller(essay_text))
+
+
+def niah_single_3(draw: Draw, questions: int, length: int) -> Layout:
+    """RULER's niah_single_3: a needle of a word key and a UUID value in real prose."""
+    key, value = draw.key(), draw.uuid()
+    needle = " " + _needle("uuids", key, value)
+    ask = _ask("uuids", key, [value], 0)
+    return Layout(Text.of(_INSTRUCTION, kind="uuids"), (ask,), TextFiller(essay_text), (needle,))
+
+
+def niah_multikey_1(draw: Draw, questions: int, length: int) -> Layout:
+    """RULER's niah_multikey_1: 4 needles of word keys and number values at distinct depths drawn from
+    RULER's 40, in real prose; one of them, drawn, is asked."""
+    keys = [draw.key() for _ in range(MULTIKEY_1_KEYS)]
+    values = [draw.number(VALUE_DIGITS) for _ in keys]
+    where = tuple(sorted(draw.rng.sample(RULER_DEPTHS, MULTIKEY_1_KEYS)))
+    asked = draw.rng.randrange(MULTIKEY_1_KEYS)
+    needles = tuple(" " + _needle("numbers", k, v) for k, v in zip(keys, values, strict=True))
+    ask = _ask("numbers", keys[asked], [values[asked]], asked)
+    return Layout(Text.of(_INSTRUCTION, kind="numbers"), (ask,), TextFiller(essay_text), needles, where)
+
+
+def niah_multikey_2(draw: Draw, questions: int, length: int) -> Layout:
+    """RULER's niah_multikey_2: one needle of a word key and a number value in a haystack made of needles
+    of other word keys, a line each."""
+    key, value = draw.key(), draw.number(VALUE_DIGITS)
+    needle = _needle("numbers", key, value) + "\n"
+    head = _needle("numbers", draw.key(), draw.number(VALUE_DIGITS)) + "\n"
+    filler = ItemFiller(head, lambda: _needle("numbers", draw.key(), draw.number(VALUE_DIGITS)) + "\n")
+    return Layout(
+        Text.of(_INSTRUCTION, kind="numbers"), (_ask("numbers", key, [value], 0),), filler, (needle,)
+    )
 
 
 def niah_multikey(draw: Draw, questions: int, length: int) -> Layout:

@@ -53,7 +53,9 @@ class Question:
     ids: the tokens that continue the prefix (question, end of turn, answer prefix); expected: the strings
     whose recall in the answer is its score; depth: where its (first) needle was asked to go in the
     haystack, 0 (the start) to 1 (the end), None for a task without needles; needle_at: that needle's token
-    index in the prefix (None likewise); max_new_tokens: the most tokens the answer may take.
+    index in the prefix (None likewise); max_new_tokens: the most tokens the answer may take; gold: the
+    tokens of the gold answer after ``ids`` (a space and the expected strings as the task joins them), whose
+    teacher-forced likelihood is the question's continuous score.
     """
 
     ids: tuple[int, ...]
@@ -61,6 +63,7 @@ class Question:
     depth: float | None
     needle_at: int | None
     max_new_tokens: int
+    gold: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class Trial:
 
     For every question, ``len(prefix) + len(q.ids) + q.max_new_tokens <= length``, with equality for the
     longest: nothing the model reads or writes goes past ``length`` positions.
+
+    ``needle_spans``: each needle's ``(start, end)`` token indices in ``prefix``, in order; without them the
+    prefix is the trial's needle-free :attr:`control`.
     """
 
     task: str
@@ -79,6 +85,19 @@ class Trial:
     prefix: tuple[int, ...]
     questions: tuple[Question, ...]
     haystack_at: int = 0
+    needle_spans: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def control(self) -> tuple[int, ...] | None:
+        """The prefix with every needle taken out: the same instruction and haystack, the needles absent
+        (what the model can guess of an answer without reading it); None for a trial without needles."""
+        if not self.needle_spans:
+            return None
+        out, at = [], 0
+        for start, end in self.needle_spans:
+            out += self.prefix[at:start]
+            at = end
+        return tuple(out + list(self.prefix[at:]))
 
     def question_id(self, q: int) -> str:
         """The id of question ``q``: the same for every method, so that trials pair across methods (the

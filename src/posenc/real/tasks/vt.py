@@ -3,7 +3,8 @@
 A chain "VAR ABCDE = 12345. VAR FGHIJ = VAR ABCDE. ..." (a 5-digit value, 4 hops, five-capital names, as
 RULER's vt) is hidden statement by statement in the noise sentences; the question asks for every variable
 that holds the value, which only following each hop answers. A trial holds one chain per question, with
-distinct values; the chains' statements go in at evenly spaced depths, interleaved at random with each
+distinct values (RULER's vt: one chain, one question; more questions make a many-chain variant); the
+chains' statements go in at evenly spaced depths, interleaved at random with each
 chain's statements in order (as RULER interleaves them). As in RULER, a solved example with a short chain
 comes first (its value and names drawn like the rest).
 """
@@ -42,7 +43,7 @@ def _chain(draw: Draw) -> tuple[Text, list[Text], list[Text]]:
 
 def _ask(value: Text, names: list[Text], needle: int | None) -> Ask:
     answer = Text.of(_ANSWER, count=str(len(names)), value=value)
-    return Ask(Text.of(_QUESTION, value=value), answer, tuple(n.text for n in names), needle)
+    return Ask(Text.of(_QUESTION, value=value), answer, tuple(n.text for n in names), needle, separator=" ")
 
 
 def _example(draw: Draw) -> Text:
