@@ -27,15 +27,22 @@ def test_explicit_settings_win_and_every_length_scores_the_same_final_tokens():
     assert beyond.short_length is None  # no window inside the trained length: no short-prompt cost
 
 
-def test_the_cpu_budget_asks_twenty_questions_of_five_tasks_with_answers_bounded_by_their_need():
-    from posenc.real.budgets import CPU_TASKS
+def test_the_cpu_budget_asks_rulers_single_needle_of_the_model_alone_up_to_n_with_answers_bounded():
+    from posenc.real.budgets import CPU_TASKS, CPU_TRIALS
+    from posenc.real.tasks import DEFAULT_TASKS, TASKS
 
     cpu = resolve(ExtendSettings(budget="cpu"), CONFIG, torch.device("cpu"))
-    assert (cpu.tasks, cpu.questions, cpu.answer_tokens, cpu.answer_slack) == (CPU_TASKS, 20, None, 16)
+    assert (cpu.tasks, cpu.questions, cpu.answer_tokens, cpu.answer_slack) == (CPU_TASKS, None, None, 16)
+    assert cpu.trials == CPU_TRIALS and all(TASKS[t].max_questions == 1 for t in CPU_TASKS)
+    n = cpu.train_len
+    assert cpu.ladder == (n // 8, n // 4, n // 2) and cpu.baseline_within and cpu.lengths == (n, 2 * n)
     capped = resolve(ExtendSettings(budget="cpu", answer_tokens=40), CONFIG, torch.device("cpu"))
     assert (capped.answer_tokens, capped.answer_slack) == (40, None)  # the flag replaces the slack
     every = resolve(ExtendSettings(), CONFIG, torch.device("cpu"))
-    assert len(every.tasks) == 10 and every.answer_slack is None
+    assert every.tasks == DEFAULT_TASKS and every.answer_slack is None and every.ladder == ()
+    assert not any(TASKS[t].variant_of for t in every.tasks)  # the many-needle variants only when named
+    named = resolve(ExtendSettings(budget="cpu", ladder=(), methods=("yarn",)), CONFIG, torch.device("cpu"))
+    assert named.ladder == ()  # no ladder without the model as trained, nor when asked for none
 
 
 @pytest.mark.parametrize(
@@ -46,6 +53,7 @@ def test_the_cpu_budget_asks_twenty_questions_of_five_tasks_with_answers_bounded
         (ExtendSettings(methods=("yarn", "rope")), "--methods: unknown ['rope']"),
         (ExtendSettings(lengths=(4,)), "--lengths must be an integer >= 16, got 4"),
         (ExtendSettings(lengths=(64.5,)), "--lengths must be an integer >= 16, got 64.5"),
+        (ExtendSettings(ladder=(8,)), "--ladder must be an integer >= 16, got 8"),
         (ExtendSettings(windows=0), "--windows must be an integer >= 1, got 0"),
         (ExtendSettings(passkey_trials=-1), "--passkey-trials must be an integer >= 0, got -1"),
         (ExtendSettings(train_len=0), "--train-len must be an integer >= 1, got 0"),

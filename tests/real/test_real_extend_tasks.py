@@ -97,8 +97,8 @@ def a_rerun_runs_no_trial(smollm2_run, smollm2_folder, corpus, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a saved trial was run again")
 
-    monkeypatch.setattr(trials_module, "run_trial", refuse)
-    monkeypatch.setattr("posenc.real.extend.run_trial", refuse)
+    monkeypatch.setattr(trials_module, "run_trials", refuse)
+    monkeypatch.setattr("posenc.real.extend.run_trials", refuse)
     again = _extend(smollm2_folder, corpus, out, SMOLLM2)
     assert again["trials"] == payload["trials"]
 
@@ -130,7 +130,7 @@ def test_bad_task_settings_are_refused_before_any_forward(
     def refuse(*args, **kwargs):
         raise AssertionError("a forward ran before the settings were checked")
 
-    monkeypatch.setattr("posenc.real.extend.run_trial", refuse)
+    monkeypatch.setattr("posenc.real.extend.run_trials", refuse)
     base = ["extend", "--model", str(smollm2_folder), "--corpus", str(corpus), "--out", str(tmp_path / "o")]
     defaults = ["--lengths", "448,896", "--train-len", "448", "--no-progress", "--no-plot"]
     assert main(base + defaults + flags) == 2

@@ -10,6 +10,8 @@ from .task_checks import check_trial
 
 ITEMS = {
     "niah_multikey": 60,
+    "niah_multikey_2": 60,
+    "niah_multikey_3": 90,  # less than one UUID needle line
     "kv": 60,
     "cwe": 8,
     "fwe": 8,

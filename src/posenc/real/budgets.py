@@ -13,10 +13,12 @@ perplexity windows, one haystack per task and length.
   niah_single_1 as RULER defines it (one needle in the noise sentences, one question a haystack), 10
   haystacks per length, the trials of a length sharing their needle-free haystack's forward
   (:mod:`posenc.real.trials`). Up to N only the model as trained answers them, at N/8, N/4, N/2 and N: its
-  own baseline (the other methods' cost inside N is their perplexity there); at 2N every method does. An answer may take the tokens its expected strings need plus 16 (at most the
-  task's own budget, RULER's): a right answer stops as soon as it holds them, so the bound only cuts a
-  wrong one short.
-- ``gpu``: N, 2N and 4N, every method, 50 haystacks per task and length, the ladder below N.
+  own baseline (the other methods' cost inside N is their perplexity there); at 2N every method does. An
+  answer may take the tokens its expected strings need plus 16 (at most the task's own budget, RULER's): a
+  right answer stops as soon as it holds them, so the bound only cuts a wrong one short.
+- ``gpu``: N, 2N and 4N, every method, four perplexity windows, RULER's niah_single_1/2/3 and
+  niah_multikey_1 with 5 haystacks per task and length, the ladder below N (sized for a device check of
+  minutes; ``--trials`` and ``--tasks`` take it further).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = ["BUDGETS", "Budget", "check_budget", "default_budget"]
 
 CPU_METHODS = ("none", "yarn", "dynamic", "llama3", "selfextend", "rerope")
 CPU_TASKS = ("niah_single_1",)
+GPU_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1")
 LADDER = (1 / 8, 1 / 4, 1 / 2)  # N/8, N/4, N/2: the model's own baseline below its trained length
 # a model with a per-layer plan takes no remap: the frequency methods on its global layers and the layer
 # conversions instead
@@ -90,10 +93,11 @@ BUDGETS = {
         ),
         Budget(
             "gpu",
-            "N, 2N and 4N, every method, 50 haystacks per task and length; the model alone at N/8..N/2",
+            "N, 2N and 4N, every method, RULER's four single-query NIAH tasks x 5; the model alone below N",
             (1, 2, 4),
             4,
-            50,
+            5,
+            tasks=GPU_TASKS,
             ladder=LADDER,
         ),
     )

@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import combinations
 
-from posenc.runs.statistics import A_BETTER, B_BETTER, cluster_bootstrap_mean, compare_clustered
+from posenc.real.questions import QuestionTable
+from posenc.runs.statistics import (
+    A_BETTER,
+    B_BETTER,
+    NOT_SEPARABLE,
+    cluster_bootstrap_mean,
+    compare_clustered,
+)
 from posenc.runs.tables import grid_table
 
-__all__ = ["Gains", "gain_comparisons_section", "gain_losers", "gains_section", "mean_gain"]
+__all__ = ["Gains", "gain_comparisons_section", "gain_facts", "gain_losers", "gains_section", "mean_gain"]
 
 Missing = Callable[[str, int], str]
 
@@ -28,17 +34,9 @@ def _mult(n: int, train_len: int) -> str:
     return f"{n / train_len:g}x"
 
 
-@dataclass(frozen=True)
-class Gains:
-    """The payload's continuous scores: ``cells[(method, length)]`` is ``{(task, question): (gain, logprob
-    per token, haystack)}``; ``keys[length]`` every question some method has there; methods, tasks and
-    lengths in the payload's order."""
-
-    cells: dict
-    keys: dict
-    methods: tuple[str, ...]
-    tasks: tuple[str, ...]
-    lengths: tuple[int, ...]
+class Gains(QuestionTable):
+    """The payload's continuous scores (:class:`~posenc.real.questions.QuestionTable`): each cell's values
+    are ``(gain, logprob per token, haystack)``."""
 
     @classmethod
     def read(cls, payload: dict) -> Gains | None:
@@ -47,25 +45,7 @@ class Gains:
         entries = [e for e in payload.get("trials") or () if e.get("gain") is not None]
         if not entries:
             return None
-        cells, keys = {}, {}
-        for e in entries:
-            key = (str(e["task"]), str(e["trial"]))
-            per_token = e["logprob"] / e["gold_tokens"]
-            cells.setdefault((e["method"], int(e["length"])), {})[key] = (e["gain"], per_token, e["haystack"])
-            keys.setdefault(int(e["length"]), {})[key] = None
-        named = [r["method"] for r in payload["results"]]
-        methods = named + [m for m in dict.fromkeys(e["method"] for e in entries) if m not in named]
-        tasks = tuple(dict.fromkeys(str(e["task"]) for e in entries))
-        return cls(cells, keys, tuple(methods), tasks, tuple(sorted(keys)))
-
-    def values(self, method: str, length: int, task: str | None = None) -> list[tuple] | None:
-        """``method``'s (gain, logprob per token, haystack) on every question at ``length`` (of ``task``; of
-        every task with None), in one order for every method; None unless it has all of them."""
-        cell = self.cells.get((method, length), {})
-        wanted = [k for k in self.keys.get(length, ()) if task is None or k[0] == task]
-        if not wanted or any(k not in cell for k in wanted):
-            return None
-        return [cell[k] for k in wanted]
+        return cls.of(payload, entries, lambda e: (e["gain"], e["logprob"] / e["gold_tokens"], e["haystack"]))
 
 
 def mean_gain(gains: Gains, method: str, length: int) -> float | None:
@@ -162,3 +142,20 @@ def gain_comparisons_section(gains: Gains, train_len: int, alpha: float = 0.05) 
                 grid_table(head, rows, 2),
             ]
     return lines
+
+
+def gain_facts(gains: Gains, train_len: int, alpha: float = 0.05) -> list[str]:
+    """One fact per length past the trained one: how many pairs separate on the needle gain, and the widest
+    interval of a difference."""
+    facts = []
+    for n in (n for n in gains.lengths if n > train_len):
+        found = _comparisons(gains, n, alpha)
+        if found:
+            split = sum(c.verdict != NOT_SEPARABLE for *_, c in found)
+            widest = max((c.high - c.low) / 2 for *_, c in found)
+            facts.append(
+                f"At {n} tokens ({_mult(n, train_len)}), {split} of {len(found)} pairs of methods separate "
+                f"on the needle gain (paired by haystack, alpha {alpha:g}); the widest interval of a "
+                f"difference is +-{widest:.3f} nats per answer token."
+            )
+    return facts

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import combinations
 
 from posenc.extension import METHODS
 from posenc.real.gains import Gains, gain_losers, mean_gain
+from posenc.real.questions import QuestionTable
 from posenc.runs.statistics import (
     A_BETTER,
     B_BETTER,
@@ -81,16 +81,9 @@ def _mult(n: int, train_len: int) -> str:
     return f"{n / train_len:g}x"
 
 
-@dataclass(frozen=True)
-class Trials:
-    """The payload's trials: ``cells[(method, length)]`` is ``{(task, trial): score}``, ``keys[length]`` every
-    ``(task, trial)`` that some method has there, in their first order; methods in the results' order."""
-
-    cells: dict
-    keys: dict
-    methods: tuple[str, ...]
-    tasks: tuple[str, ...]
-    lengths: tuple[int, ...]
+class Trials(QuestionTable):
+    """The payload's trials (:class:`~posenc.real.questions.QuestionTable`): each cell's values are the
+    questions' scores."""
 
     @classmethod
     def read(cls, payload: dict) -> Trials | None:
@@ -102,25 +95,12 @@ class Trials:
             absent = [f for f in TRIAL_FIELDS if f not in entry]
             if absent:
                 raise ValueError(f"payload['trials'][{i}]={entry!r} lacks {', '.join(absent)}")
-        cells, keys = {}, {}
-        for e in entries:
-            key = (str(e["task"]), str(e["trial"]))
-            cells.setdefault((e["method"], int(e["length"])), {})[key] = e["score"]
-            keys.setdefault(int(e["length"]), {})[key] = None
-        named = [r["method"] for r in payload["results"]]
-        methods = named + [m for m in dict.fromkeys(e["method"] for e in entries) if m not in named]
-        tasks = tuple(dict.fromkeys(str(e["task"]) for e in entries))
-        # the ladder's lengths (the model alone, below the others) in their place
-        return cls(cells, keys, tuple(methods), tasks, tuple(sorted(keys)))
+        return cls.of(payload, entries, lambda e: e["score"])
 
     def scores(self, method: str, length: int, task: str | None = None) -> list[float] | None:
         """``method``'s scores at ``length`` on ``task``'s trials (every task's with None), in the trials'
         order; None unless it has all of them."""
-        cell = self.cells.get((method, length), {})
-        wanted = [k for k in self.keys.get(length, ()) if task is None or k[0] == task]
-        if not wanted or any(k not in cell for k in wanted):
-            return None
-        return [cell[k] for k in wanted]
+        return self.values(method, length, task)
 
 
 def _interval(scores: list[float]) -> tuple[float, float]:
@@ -305,7 +285,7 @@ def separable_facts(trials: Trials, train_len: int, alpha: float = ALPHA) -> lis
             split = [r[4] for r in rows if r[4].endswith(" better")]
             facts.append(
                 f"At {n} tokens ({_mult(n, train_len)}), {len(split)} of {len(rows)} pairs of methods "
-                f"separate at alpha {alpha:g} on the same questions; the others are not separable."
+                f"separate at alpha {alpha:g} on the same questions' scores; the others are not separable."
             )
     return facts
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from posenc.real import pairs
-from posenc.real.gains import Gains, gain_comparisons_section, gains_section
+from posenc.real.gains import Gains, gain_comparisons_section, gain_facts, gains_section
 from posenc.runs.figures import save_figure
 from posenc.runs.files import write_text_atomic
 from posenc.runs.tables import grid_table
@@ -278,6 +278,8 @@ def summary(payload: dict) -> list[str]:
     trials = pairs.Trials.read(payload)
     if trials is not None:
         facts += pairs.separable_facts(trials, L)
+        gains = Gains.read(payload)
+        facts += gain_facts(gains, L) if gains is not None else []
     pick = suggestion(payload)
     if pick:
         facts.append(pick)
