@@ -463,17 +463,11 @@ def run_extend(
     if progress:
         _print_plans(treatments)
     docs, windows, start, prompts, trials = _inputs(plan, settings, tokenizer)
-    jobs = {n: _jobs(plan, n, windows, docs, start, prompts, trials) for n in plan.lengths}
-    jobs.update({n: _jobs(plan, n, [], docs, start, {}, trials) for n in plan.ladder})  # tasks alone
-    cells = cells_for(out, real.info, model, treatments, plan.lengths, refused)
-    if plan.ladder:
-        cells.update(cells_for(out, real.info, model, {"none": treatments["none"]}, plan.ladder, {}))
-        cells.update({(m, n): None for m in plan.methods if m != "none" for n in plan.ladder})
+    jobs, cells = _work(plan, out, real, treatments, refused, (docs, windows, start, prompts, trials))
     every_length = (*plan.ladder, *plan.lengths)
     todo = _todo(plan, cells, jobs)
     bar = _progress(sum(j.tokens for *_, run in todo for j in run), progress)
-    scorer = Scorer(model) if todo else None
-    runner = Continuation(model, tokenizer)
+    tools = _Tools(Scorer(model) if todo else None, Continuation(model, tokenizer), plan, device, tokenizer)
     extra = _extra(plan, settings, tokenizer, left_out)
     corpus = {
         "path": settings.corpus,
@@ -490,36 +484,69 @@ def run_extend(
         data = payload(real.info, plan, settings, corpus, rows, {**extra, **scored})
         return (data, *report.write(out, data, figure=final))
 
-    def saved(cell, jobs_of: dict):
-        def save(trial, result: dict) -> None:
-            job = jobs_of[id(trial)]
-            cell.add(job.item, result)
-            if bar is not None:
-                bar.set_postfix_str(f"{m} @ {n}: {job.what}")
-                bar.update(job.tokens)
-
-        return save
-
     try:
         for m, n, run in todo:
             with treatments[m].applied(model):
-                for group in _groups(run):
-                    if bar is not None:
-                        bar.set_postfix_str(f"{m} @ {n}: {group[0].what}")
-                    if group[0].kind == "trial":
-                        jobs_of = {id(j.trial): j for j in group}
-                        run_trials(runner, [j.trial for j in group], device, saved(cells[m, n], jobs_of))
-                        continue
-                    (job,) = group
-                    cells[m, n].add(job.item, _run_job(scorer, runner, job, plan, device, tokenizer))
-                    if bar is not None:
-                        bar.update(job.tokens)
+                _run_cell(tools, f"{m} @ {n}", run, cells[m, n], bar)
             write(final=False)  # the finished cells are readable while the rest runs
     finally:
         if bar is not None:
             bar.close()
     data, table, files = write(final=figure)
     return ExtendResult(data, table, time.perf_counter() - t_start, files)
+
+
+def _work(
+    plan: Plan, out: Path, real: RealModel, treatments: dict, refused: dict, inputs
+) -> tuple[dict, dict]:
+    """Every length's jobs and every (method, length)'s cell (:mod:`posenc.real.cells`): at the ladder's
+    lengths the tasks alone, in the model as trained's cells alone."""
+    docs, windows, start, prompts, trials = inputs
+    jobs = {n: _jobs(plan, n, windows, docs, start, prompts, trials) for n in plan.lengths}
+    jobs.update({n: _jobs(plan, n, [], docs, start, {}, trials) for n in plan.ladder})
+    cells = cells_for(out, real.info, real.model, treatments, plan.lengths, refused)
+    if plan.ladder:
+        cells.update(cells_for(out, real.info, real.model, {"none": treatments["none"]}, plan.ladder, {}))
+        cells.update({(m, n): None for m in plan.methods if m != "none" for n in plan.ladder})
+    return jobs, cells
+
+
+@dataclass(frozen=True)
+class _Tools:
+    """What runs a job: the scorer of windows and passkeys, the runner of trials, and their settings."""
+
+    scorer: Scorer | None
+    runner: Continuation
+    plan: Plan
+    device: torch.device
+    tokenizer: object
+
+
+def _run_cell(tools: _Tools, where: str, run: list[_Job], cell, bar) -> None:
+    """The jobs ``run`` into ``cell``, each saved as it is done; the trials of a task together, sharing
+    their haystack's forward (:func:`posenc.real.trials.run_trials`)."""
+
+    def done(job: _Job) -> None:
+        if bar is not None:
+            bar.update(job.tokens)
+
+    for group in _groups(run):
+        if bar is not None:
+            bar.set_postfix_str(f"{where}: {group[0].what}")
+        if group[0].kind == "trial":
+            jobs_of = {id(j.trial): j for j in group}
+
+            def save(trial, result: dict, jobs_of=jobs_of) -> None:
+                cell.add(jobs_of[id(trial)].item, result)
+                done(jobs_of[id(trial)])
+
+            run_trials(tools.runner, [j.trial for j in group], tools.device, save)
+            continue
+        (job,) = group
+        cell.add(
+            job.item, _run_job(tools.scorer, tools.runner, job, tools.plan, tools.device, tools.tokenizer)
+        )
+        done(job)
 
 
 def _key_tokens(plan: Plan, cells: dict, jobs: dict) -> list[list[int]] | None:
