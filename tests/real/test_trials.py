@@ -132,6 +132,24 @@ def test_trials_share_the_control_up_to_their_first_needle(kind):
         assert [q["answer"] for q in shared["questions"]] == [q["answer"] for q in single["questions"]]
 
 
+@pytest.mark.parametrize("method", ["selfextend", "rerope"])
+def test_a_remapped_model_continues_from_a_point_as_one_forward_would(method):
+    """posenc's remapped attention over a cache (a trial continued from its needle, a gold answer after its
+    question) scores as the whole prompt does in one forward."""
+    from posenc.hf import patch_model
+    from posenc.real.methods import method_remap
+
+    model, trials = _model("llama"), _trials()
+    patch_model(model, remap=method_remap(method, train_len=32, longest=80))
+    results = _run(model, trials)
+    for trial, result in zip(trials, results, strict=True):
+        assert result["shared_tokens"] == trial.needle_spans[0][0]
+        for q, got in zip(trial.questions, result["questions"], strict=True):
+            assert got["logprob"] == pytest.approx(_direct(model, [*trial.prefix, *q.ids], q.gold), abs=1e-5)
+            prior = _direct(model, [*trial.control, *q.ids], q.gold)
+            assert got["control_logprob"] == pytest.approx(prior, abs=1e-5)
+
+
 def test_a_length_dependent_rotary_runs_every_prompt_whole():
     results = _run(_model("dynamic"), _trials())
     assert [r["shared_tokens"] for r in results] == [0, 0, 0]

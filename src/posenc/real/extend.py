@@ -51,7 +51,7 @@ from posenc.real.results import method_row, payload, trial_costs, trial_scores
 from posenc.real.scoring import Scorer, window_stats
 from posenc.real.tasks import DEFAULT_TASKS, TASKS, check_tasks, make_trials, min_length
 from posenc.real.tasks.answers import budgeted
-from posenc.real.trials import run_trials, trial_item
+from posenc.real.trials import common_prefix, run_trials, trial_item
 from posenc.runs.memory import measured_peak
 
 __all__ = [
@@ -368,10 +368,24 @@ def _jobs(
     for i, p in enumerate(prompts.get(length, [])):
         item = f"passkey/{ids_digest(p.ids)}/{p.answer_len}"
         jobs.append(_Job(item, "passkey", len(p.ids), f"passkey {i + 1}/{len(prompts[length])}", p.ids, p))
+    cost = _trial_tokens(trials.get(length, []))
     for t in trials.get(length, []):
         what = f"{t.task} {t.index + 1}/{plan.trials}"
-        jobs.append(_Job(trial_item(t), "trial", length, what, trial=t))
+        jobs.append(_Job(trial_item(t), "trial", cost[id(t)], what, trial=t))
     return jobs
+
+
+def _trial_tokens(trials: list) -> dict[int, int]:
+    """id(trial) -> the tokens its forwards read, for the progress bar: its own from its needle on, and its
+    share of its task's needle-free haystack (:mod:`posenc.real.trials`; a model that cannot share reads
+    more)."""
+    out = {}
+    for task in dict.fromkeys(t.task for t in trials):
+        mine = [t for t in trials if t.task == task]
+        base = max((t.control for t in mine if t.control is not None), key=len, default=())
+        for t in mine:
+            out[id(t)] = len(t.prefix) - common_prefix(t.prefix, base) + len(base) // len(mine)
+    return out
 
 
 def _groups(run: list[_Job]) -> list[list[_Job]]:
