@@ -6,22 +6,26 @@ The payload (built by :mod:`posenc.real.extend`)::
      "short_tokens": int, "short_length": int | None, "corpus": {"path", "windows": [{"document", "end"}]},
      "passkey": {"trials", "digits", "seed", "chat_template"},
      "results": [{"method", "description", "scaling", "ppl": {"<len>": float}, "ppl_all": {...},
-                  "ppl_short": float, "passkey": {"<len>": float | None}, "passkey_hits", "passkey_ci95",
+                  "longppl": {"<len>": float}, "longppl_keys": int | None, "ppl_short": float, "passkey": {"<len>": float | None}, "passkey_hits", "passkey_ci95",
                   "passkey_trials": {"<len>": [{"depth", "key", "hit", "answer"}]},
                   "ppl_by_context": {"<len>": [[start, end, ppl], ...]}, "same_as": {"<len>": method},
                   "not_applicable": {"<len>": why}, "remap": repr | None, "seconds", "seconds_by_length",
                   "peak_mib"}],
      "provenance": {...}}
 
-     "trials": [{"method", "length", "task", "trial", "depth", "score", "hit", "answer"}],
-     "trial_costs": {"<len>": {"forwards", "questions", "prefill_s", "trial_s", "question_s"}},
-     "tasks": {"names", "titles", "trials", "questions", "seed", "chat_template", "haystacks"},
+     "trials": [{"method", "length", "task", "trial", "depth", "score", "hit", "answer", "haystack",
+                 "logprob", "control_logprob", "gain", "gold_tokens"}],
+     "trial_costs": {"<len>": {"forwards", "questions", "prefill_s", "shared_s", "control_s", "trial_s",
+                               "question_s"}},
+     "tasks": {"names", "titles", "trials", "questions", "seed", "chat_template", "haystacks", "ladder",
+               "baseline_within"},
      "budget", "layers",
      "provenance": {...}}
 
 Values are None where not measured (yet: a running or killed run writes what is done). With ``"trials"``
 (every method's score on the same trials) the report adds per-task scores with their intervals, every two
-methods' paired comparison, the effective lengths, and suggests a method from them (:mod:`.pairs`); without
+methods' paired comparison, the needle's gains and their paired comparison (:mod:`.gains`), the effective
+lengths, and suggests a method from them (:mod:`.pairs`); without
 (a results.json written before trials were), the tables and the rule of point estimates as before.
 """
 

@@ -147,7 +147,8 @@ def trial_scores(methods, lengths, jobs: dict, cells: dict) -> list[dict]:
 
 
 def trial_costs(lengths, jobs: dict, cells: dict, methods) -> dict:
-    """Per length: trials (long forwards) run, questions answered, and the mean seconds of a prefill, of a
+    """Per length: trials run, questions answered, and the mean seconds of a trial's own prefill (from its
+    needle on), of its share of the needle-free haystack's forward, of its control's scoring, of the whole
     trial and of a question, over every method's cells (a shared cell counted once)."""
     costs, seen = {}, set()
     for n in lengths:
@@ -165,6 +166,9 @@ def trial_costs(lengths, jobs: dict, cells: dict, methods) -> dict:
             "forwards": len(results),
             "questions": len(questions),
             "prefill_s": round(math.fsum(r["prefill_s"] for r in results) / len(results), 2),
+            # a trial's share of its task's needle-free haystack, and its control's scoring (0 before them)
+            "shared_s": round(math.fsum(r.get("shared_s", 0.0) for r in results) / len(results), 2),
+            "control_s": round(math.fsum(r.get("control_s", 0.0) for r in results) / len(results), 2),
             "trial_s": round(math.fsum(r["seconds"] for r in results) / len(results), 2),
             "question_s": round(math.fsum(q["seconds"] for q in questions) / max(1, len(questions)), 2),
         }
