@@ -1,4 +1,4 @@
-"""The commands' flags are generated from the configs' fields (posenc.lab.flags): one default per setting,
+"""The commands' flags are generated from the configs' fields (posenc.runs.flags): one default per setting,
 choices from the registries, and the compare task a typed record."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from posenc.lab.config import PRESETS, GPTConfig, Settings, TrainConfig, setting
 from posenc.lab.encodings import ENCODINGS, Scheme, registered_names
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
-from posenc.lab.flags import add_flags, flag_values, like, option
+from posenc.runs.flags import add_flags, flag_values, like, option
 from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
 from posenc.lab.recipes import RECIPES
 from posenc.lab.tasks import Task

@@ -289,7 +289,7 @@ def test_recall_probe_is_none_where_the_window_cannot_hold_a_pair_and_its_query(
 
 def test_the_long_preset_with_a_mix_and_two_seeds_is_accepted_as_a_plan():
     from posenc.lab.compare import _task_order
-    from posenc.lab.flags import flag_values
+    from posenc.runs.flags import flag_values
 
     args = build_parser().parse_args(
         "compare --preset long --mix recall=0.2,copy=0.2,passkey=0.05 --schemes rope,swan --seeds 2".split()

@@ -1,6 +1,6 @@
 """The arguments of the laboratory's commands: ``posenc train``, ``eval``, ``sample``, ``compare``.
 
-Every flag is a dataclass field's (:mod:`posenc.lab.flags`): the model's, training's and evaluation's
+Every flag is a dataclass field's (:mod:`posenc.runs.flags`): the model's, training's and evaluation's
 from their configs (:mod:`posenc.lab.config`, :mod:`posenc.lab.eval_config`), ``compare``'s from the
 settings its ``--preset`` gives, and each command's own below. Each command's handler is in
 :mod:`posenc.lab.commands`.
@@ -17,7 +17,7 @@ from posenc.lab.commands import cmd_compare, cmd_eval, cmd_sample, cmd_train
 from posenc.lab.config import PRESETS, GPTConfig, Settings, TrainConfig
 from posenc.lab.encodings import ENCODINGS
 from posenc.lab.eval_config import EVAL_COMMAND_FLAGS, EvalConfig
-from posenc.lab.flags import add_flags, like, option
+from posenc.runs.flags import add_flags, like, option
 from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
 
 __all__ = ["add_commands"]

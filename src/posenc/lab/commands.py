@@ -50,7 +50,7 @@ def _load_checkpoint(args):
 def cmd_train(args) -> int:
     from posenc.lab.checkpoint import latest_checkpoint
     from posenc.lab.config import GPTConfig, TrainConfig
-    from posenc.lab.flags import flag_values
+    from posenc.runs.flags import flag_values
     from posenc.lab.train import train
 
     _check_paths(args, args.out)
@@ -103,7 +103,7 @@ def cmd_eval(args) -> int:
     from posenc.lab.data import load_corpus
     from posenc.lab.eval_config import EVAL_COMMAND_FLAGS, EvalConfig
     from posenc.lab.evaluate import EXTENSIONS, evaluate
-    from posenc.lab.flags import flag_values
+    from posenc.runs.flags import flag_values
     from posenc.lab.passkey import check_passkey_lengths
 
     _check_paths(args)
@@ -229,7 +229,7 @@ def cmd_compare(args) -> int:
     from posenc.lab.compare import run_compare
     from posenc.lab.config import Settings, settings_for
     from posenc.lab.errors import LabError
-    from posenc.lab.flags import flag_values
+    from posenc.runs.flags import flag_values
 
     _check_paths(args, args.out)
     for flag, value in (("--recipes", args.recipes), ("--extend-to", args.extend_to)):

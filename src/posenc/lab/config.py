@@ -1,9 +1,9 @@
 """What defines a laboratory run: the model, the optimisation, the evaluation, a comparison composed of
 them, and the presets.
 
-Each field owns its default and its command-line flag (:func:`posenc.lab.flags.option`), and the
+Each field owns its default and its command-line flag (:func:`posenc.runs.flags.option`), and the
 comparison's settings declare the fields they share with the model's, the training's and the evaluation's
-configs (:class:`~posenc.lab.eval_config.EvalConfig`) as those fields (:func:`posenc.lab.flags.like`), so
+configs (:class:`~posenc.lab.eval_config.EvalConfig`) as those fields (:func:`posenc.runs.flags.like`), so
 ``posenc train``, ``eval`` and ``compare`` show and use one default for each. Every field is checked when
 its object is made, by the validators of :mod:`posenc.lab.checks`, so a bad value is refused before any
 work starts, with a :class:`LabError` naming the field, the value and what is allowed (the CLI prints it
@@ -29,7 +29,7 @@ from posenc.lab.encodings import (
 )
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
-from posenc.lab.flags import like, option
+from posenc.runs.flags import like, option
 from posenc.lab.mix import check_mix_fits, check_training_mix, mix_help
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued

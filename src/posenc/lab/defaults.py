@@ -3,7 +3,7 @@ evaluation and passkey.
 
 ``GPTConfig``, ``TrainConfig``, ``EvalConfig`` and ``Settings`` (:mod:`posenc.lab.config`) take their field
 defaults from here, the presets are override dicts on top of them, and the flags of ``posenc train``,
-``eval`` and ``compare`` are generated from those fields (:mod:`posenc.lab.flags`), so they show and use
+``eval`` and ``compare`` are generated from those fields (:mod:`posenc.runs.flags`), so they show and use
 the same values. A command's conveniences that no experiment depends on (an output folder, the prompt of
 ``posenc sample``) are their option's own default (:mod:`posenc.lab.arguments`). This module imports
 nothing.

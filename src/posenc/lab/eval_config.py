@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from posenc import cli
 from posenc.lab import defaults as D
 from posenc.lab.checks import check_choices, check_int
-from posenc.lab.flags import option
+from posenc.runs.flags import option
 
 __all__ = ["EVAL_COMMAND_FLAGS", "PROTOCOLS", "PROTOCOL_MEANINGS", "EvalConfig"]
 

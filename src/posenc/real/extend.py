@@ -24,7 +24,6 @@ Output: ``results.json`` (its fields: :mod:`posenc.real.report`), ``results.md``
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,7 @@ from posenc.real.budgets import check_budget, default_budget
 from posenc.real.cells import cells_for
 from posenc.real.continuation import Continuation
 from posenc.real.corpus import choose_windows, ids_digest, load_documents, window_ids
-from posenc.real.layers import DEFAULT_LAYERS, parse_method
+from posenc.real.layers import DEFAULT_LAYERS
 from posenc.real.loader import RealModel
 from posenc.real.longppl import short_context_ids, truncation, window_keys
 from posenc.real.methods import (
@@ -49,7 +48,8 @@ from posenc.real.methods import (
 from posenc.real.passkey import PasskeyPrompt, passkey_prompts, start_tokens
 from posenc.real.results import method_row, payload, trial_costs, trial_scores
 from posenc.real.scoring import Scorer, window_stats
-from posenc.real.tasks import DEFAULT_TASKS, TASKS, check_tasks, make_trials, min_length
+from posenc.real.settings import NO_TASKS, ExtendSettings, check_settings
+from posenc.real.tasks import DEFAULT_TASKS, TASKS, make_trials, min_length
 from posenc.real.tasks.answers import budgeted
 from posenc.real.trials import common_prefix, run_trials, trial_item
 from posenc.runs.memory import measured_peak
@@ -66,47 +66,6 @@ __all__ = [
 
 SCORE_TOKENS = 1024
 SHORT_TOKENS = 1024
-NO_TASKS = ("none",)  # --tasks none: perplexity (and the passkey prompts) only
-
-
-@dataclass(frozen=True)
-class ExtendSettings:
-    """What ``posenc extend`` measures. None means: the budget's, or derived from the model (:func:`resolve`).
-
-    budget: a name in :data:`posenc.real.budgets.BUDGETS` (default: :func:`~.budgets.default_budget`).
-    methods: ``--methods`` entries (:mod:`posenc.real.layers`). layers: the layers a frequency method changes
-    unless its entry names some. lengths: token counts (default: the budget's multiples of the trained
-    length). windows: perplexity windows per length. tasks: names in :data:`posenc.real.tasks.TASKS`, or
-    ("none",). trials: haystacks per task and length. questions: questions per haystack (default: each
-    task's). passkey_trials: teacher-forced passkey prompts per length, 0 for none. score_tokens: the final
-    tokens every length scores (default min(1024, shortest length / 8)). short_tokens: the first tokens
-    scored as a short prompt (default min(1024, that length - 1)). answer_tokens: the most tokens an answer
-    may take (default: the budget's, else each task's). train_len: the trained length (default
-    from the config). factor: the extension factor (default the longest length / train_len, at least 1).
-    corpus: a text file or folder (default the standard library). seed: the tasks' and passkeys' draws.
-    chat: ask in the model's chat template when it has one. ladder: lengths below the shortest where the
-    model as trained (method ``none``) answers the tasks alone, its own baseline (default: the budget's
-    fractions of the trained length; () for none).
-    """
-
-    methods: tuple[str, ...] | None = None
-    lengths: tuple[int, ...] | None = None
-    windows: int | None = None
-    passkey_trials: int = 0
-    score_tokens: int | None = None
-    short_tokens: int | None = None
-    train_len: int | None = None
-    factor: float | None = None
-    corpus: str | None = None
-    seed: int = 0
-    chat: bool = True
-    budget: str | None = None
-    tasks: tuple[str, ...] | None = None
-    trials: int | None = None
-    questions: int | None = None
-    layers: str = DEFAULT_LAYERS
-    answer_tokens: int | None = None
-    ladder: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,53 +100,6 @@ class ExtendResult:
     table: str
     wall_s: float
     files: list[str] = field(default_factory=list)
-
-
-def _positive(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def check_settings(settings: ExtendSettings) -> None:
-    """The checks that need no model, so that a bad flag is refused before the model loads."""
-    check_budget(settings.budget)
-    methods = settings.methods
-    if methods is not None:
-        if not methods:
-            raise ValueError(f"--methods is empty; choose from {', '.join(EXTEND_METHODS)}")
-        unknown = [m for m in methods if "+" not in m and "@" not in m and m not in EXTEND_METHODS]
-        if unknown:
-            raise ValueError(f"--methods: unknown {unknown}; choose from {', '.join(EXTEND_METHODS)}")
-        if len(set(methods)) != len(methods):
-            raise ValueError(f"--methods names a method twice: {list(methods)}")
-        for m in methods:
-            parse_method(m)
-    for n in settings.lengths or ():
-        _positive("--lengths", n, minimum=16)
-    if settings.lengths is not None and not settings.lengths:
-        raise ValueError("--lengths is empty; give token counts like 8192,16384")
-    for n in settings.ladder or ():
-        _positive("--ladder", n, minimum=16)
-    for name, value, least in (("--windows", settings.windows, 1), ("--trials", settings.trials, 1)):
-        if value is not None:
-            _positive(name, value, least)
-    _positive("--passkey-trials", settings.passkey_trials, minimum=0)
-    for name, value in (("--train-len", settings.train_len), ("--score-tokens", settings.score_tokens)):
-        if value is not None:
-            _positive(name, value)
-    for name, value in (
-        ("--short-tokens", settings.short_tokens),
-        ("--questions", settings.questions),
-        ("--answer-tokens", settings.answer_tokens),
-    ):
-        if value is not None:
-            _positive(name, value)
-    if settings.tasks is not None and tuple(settings.tasks) != NO_TASKS:
-        check_tasks(settings.tasks)
-    f = settings.factor
-    if f is not None and not (isinstance(f, (int, float)) and math.isfinite(f) and f >= 1):
-        raise ValueError(f"--factor must be a finite number >= 1, got {f!r}")
 
 
 def _planned(config) -> bool:

@@ -5,7 +5,8 @@ The shape is gpt-fast's ``ModelArgs`` (a dataclass whose presets are overrides) 
 dataclasses (each section a dataclass; the command line generated from the fields). A field declared with
 :func:`option` carries a :class:`Flag`; :func:`like` declares a field of a composed config as the same field
 of another; :func:`add_flags` adds the fields' flags to a parser; :func:`flag_values` reads them back by
-field name. This module imports nothing of the laboratory.
+field name. The laboratory's commands and ``posenc extend`` (:class:`posenc.real.settings.ExtendSettings`)
+declare their flags so.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from posenc.cli import int_list, name_list
 
-__all__ = ["Flag", "add_flags", "flag_values", "like", "option"]
+__all__ = ["Flag", "add_flags", "flag_of", "flag_values", "like", "option"]
 
 _KEY = "posenc.flag"  # the fields' metadata key
 _LISTS = (int_list, name_list)  # argparse types that give a list: the field holds it as a tuple
@@ -64,6 +65,13 @@ def like(cls: type, name: str) -> Any:
     if source is None or _KEY not in source.metadata:
         raise TypeError(f"{cls.__name__} has no field {name!r} declared with option()")
     return field(default=source.default, metadata=source.metadata)
+
+
+def flag_of(cls: type, name: str) -> Flag:
+    """The :class:`Flag` of ``cls``'s field ``name`` (a TypeError when it has none): what an error about
+    the field's value names (``flag_of(cls, name).option_string(name)``)."""
+    (found,) = _flagged(cls, [name])
+    return found.metadata[_KEY]
 
 
 def _flagged(cls: type, names: Iterable[str] | None) -> Iterator[dataclasses.Field]:
