@@ -50,7 +50,10 @@ def test_the_cpu_budget_asks_rulers_single_needle_of_the_model_alone_up_to_n_wit
     [
         (ExtendSettings(methods=()), "--methods is empty"),
         (ExtendSettings(methods=("none", "none")), "--methods names a method twice"),
-        (ExtendSettings(methods=("yarn", "rope")), "--methods: unknown ['rope']"),
+        (
+            ExtendSettings(methods=("yarn", "rope")),
+            "--methods rope: unknown method 'rope'; choose from none, pi",
+        ),
         (ExtendSettings(lengths=(4,)), "--lengths must be an integer >= 16, got 4"),
         (ExtendSettings(lengths=(64.5,)), "--lengths must be an integer >= 16, got 64.5"),
         (ExtendSettings(ladder=(8,)), "--ladder must be an integer >= 16, got 8"),

@@ -108,7 +108,7 @@ def test_more_windows_compute_only_the_new_ones(run, smollm2_folder, corpus, tmp
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--methods", "none,chunked"], "--methods: unknown ['chunked']"),
+        (["--methods", "none,chunked"], "--methods chunked: unknown method 'chunked'"),
         (["--lengths", "8,128"], "--lengths must be an integer >= 16, got 8"),
         (["--factor", "0.5"], "--factor must be a finite number >= 1, got 0.5"),
         (["--score-tokens", "128"], "--score-tokens must be below the shortest length 128"),

@@ -21,6 +21,7 @@ from itertools import combinations
 
 from posenc.extension import METHODS
 from posenc.real.gains import Gains, gain_losers, mean_gain
+from posenc.real.layers import parse_method
 from posenc.real.questions import QuestionTable
 from posenc.runs.statistics import (
     A_BETTER,
@@ -62,18 +63,16 @@ def simplicity(method: str) -> int:
     """The rank of a ``--methods`` entry in :data:`SIMPLICITY`: 0 none, 1 a fixed RoPE scaling (PI, NTK,
     YaRN, Llama 3.1) or a layer conversion, 2 a length-dependent scaling (dynamic NTK: its schedule changes
     with the length, so must a KV cache), 3 a remap of attention's distances; an entry of several parts
-    (``pi+nope-global``) ranks as its most complex part; a method not in :data:`posenc.extension.METHODS`
-    after them all."""
-    ranks = []
-    for part in method.split("+"):
-        name = part.partition("@")[0]
-        found = METHODS.get(name)
-        if name == "none":
-            ranks.append(0)
-        elif found is None:
-            ranks.append(len(SIMPLICITY))
-        else:
-            ranks.append(3 if found.kind == "remap" else 2 if found.length_dependent else 1)
+    (``pi+nope-global``) ranks as its most complex part (:func:`posenc.real.layers.parse_method` reads it); an
+    entry that is no ``--methods`` entry (a method since unregistered) after them all."""
+    try:
+        parts = parse_method(method)
+    except ValueError:
+        return len(SIMPLICITY)
+    ranks = [0]
+    for part in (p for p in parts if p.method != "none"):
+        found = METHODS[part.method]
+        ranks.append(3 if found.kind == "remap" else 2 if found.length_dependent else 1)
     return max(ranks)
 
 

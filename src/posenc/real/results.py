@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict
 from importlib import metadata
 
+from posenc.real.layers import parse_method
 from posenc.real.methods import EXTEND_METHODS
 from posenc.runs.statistics import wilson_interval
 
@@ -23,9 +24,10 @@ def _ppl(parts: list[list]) -> float | None:
 
 
 def _description(spec: str) -> str:
-    parts = [p.partition("@") for p in spec.split("+")]
-    text = "; ".join(EXTEND_METHODS[m] + (f" (layers {layers})" if layers else "") for m, _, layers in parts)
-    return text
+    return "; ".join(
+        EXTEND_METHODS[p.method] + (f" (layers {p.layers.replace(',', '/')})" if p.layers else "")
+        for p in parse_method(spec)
+    )
 
 
 def method_row(method: str, plan, jobs: dict, cells: dict, treatment, refused: dict, keys=None) -> dict:
