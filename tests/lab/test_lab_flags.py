@@ -16,10 +16,10 @@ from posenc.lab.config import PRESETS, GPTConfig, Settings, TrainConfig, setting
 from posenc.lab.encodings import ENCODINGS, Scheme, registered_names
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
-from posenc.runs.flags import add_flags, flag_values, like, option
 from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
 from posenc.lab.recipes import RECIPES
 from posenc.lab.tasks import Task
+from posenc.runs.flags import add_flags, flag_values, like, option
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

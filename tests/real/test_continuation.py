@@ -4,7 +4,7 @@ whole prompt writes, whatever question ran before it, on both real models (one w
 import pytest
 import torch
 
-from posenc.real.continuation import Ask, Continuation
+from posenc.real.continuation import Continuation, Request
 
 
 def _generate(model, ids: list[int], max_new_tokens: int, stop) -> list[int]:
@@ -39,7 +39,7 @@ def test_each_answer_is_greedy_decoding_of_the_whole_prompt(name, request, real_
         answer = runner.answer(cache, snapshot, question, 8)  # the first again, after the others ran
         assert list(answer.tokens) == wanted
         assert answer.text == tokenizer.decode(list(answer.tokens), skip_special_tokens=True)
-    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 8) for q in questions], rows=2)
+    batched = runner.answers(cache, snapshot, [Request(tuple(q), 8) for q in questions], rows=2)
     assert [list(a.tokens) for a in batched] == expected
     assert model.config._attn_implementation == "sdpa"  # put back after the batches
 
@@ -97,7 +97,7 @@ def test_batched_answers_on_a_remapped_model_equal_one_at_a_time(fresh_smollm2, 
     runner = Continuation(model, tokenizer)
     cache, snapshot = runner.prefill(prefix)
     alone = [runner.answer(cache, snapshot, q, 6) for q in questions]
-    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 6) for q in questions])
+    batched = runner.answers(cache, snapshot, [Request(tuple(q), 6) for q in questions])
     assert [a.tokens for a in batched] == [a.tokens for a in alone]
 
 
@@ -106,12 +106,15 @@ def test_a_batched_row_stops_when_done_and_the_others_go_on(smollm2, real_text):
     prefix, questions = _prompt(smollm2.tokenizer, real_text, 200)
     cache, snapshot = runner.prefill(prefix)
     first, second = questions[0], questions[0][::-1]  # the same length: one batch
-    full = runner.answers(cache, snapshot, [Ask(tuple(first), 5), Ask(tuple(second), 5)])
+    full = runner.answers(cache, snapshot, [Request(tuple(first), 5), Request(tuple(second), 5)])
     seen = []
     short = runner.answers(
         cache,
         snapshot,
-        [Ask(tuple(first), 5, lambda text: seen.append(text) or len(seen) == 2), Ask(tuple(second), 5)],
+        [
+            Request(tuple(first), 5, lambda text: seen.append(text) or len(seen) == 2),
+            Request(tuple(second), 5),
+        ],
     )
     assert short[0].tokens == full[0].tokens[:2] and short[1].tokens == full[1].tokens
 
@@ -120,9 +123,9 @@ def test_batched_questions_refuse_what_they_cannot_run(smollm2):
     runner = Continuation(smollm2.model, smollm2.tokenizer)
     cache, snapshot = runner.prefill([1, 2, 3])
     with pytest.raises(ValueError, match="needs tokens and max_new_tokens >= 1"):
-        runner.answers(cache, snapshot, [Ask((4,), 2), Ask((), 2)])
+        runner.answers(cache, snapshot, [Request((4,), 2), Request((), 2)])
     with pytest.raises(ValueError, match="rows must be >= 1"):
-        runner.answers(cache, snapshot, [Ask((4,), 2)], rows=0)
+        runner.answers(cache, snapshot, [Request((4,), 2)], rows=0)
 
 
 def test_a_length_dependent_schedule_batches_only_questions_of_one_length(fresh_smollm2, real_text):
@@ -144,5 +147,5 @@ def test_a_length_dependent_schedule_batches_only_questions_of_one_length(fresh_
     runner = Continuation(model, tokenizer)
     cache, snapshot = runner.prefill(prefix)
     alone = [runner.answer(cache, snapshot, q, 8) for q in questions]
-    batched = runner.answers(cache, snapshot, [Ask(tuple(q), 8) for q in questions])
+    batched = runner.answers(cache, snapshot, [Request(tuple(q), 8) for q in questions])
     assert [a.tokens for a in batched] == [a.tokens for a in alone]

@@ -132,7 +132,7 @@ HF_TYPES = ["default", "linear", "dynamic", "yarn", "llama3", "longrope", "propo
 
 
 def test_every_transformers_rope_type_is_covered():
-    assert set(ROPE_INIT_FUNCTIONS) | {"default"} <= set(HF_TYPES) <= set(F.METHODS)
+    assert set(ROPE_INIT_FUNCTIONS) | {"default"} <= set(HF_TYPES) <= set(F.ROPE_TYPES)
 
 
 @pytest.mark.parametrize("rope_type", HF_TYPES)
@@ -146,7 +146,7 @@ def test_matches_transformers_on_grid(rope_type):
         max_pos = ORIG if rope_type == "dynamic" else int(ORIG * factor)
         for params in grid_params(rope_type, factor, head_dim, prf):
             params = {**params, "rope_theta": base}
-            lengths = SEQ_LENS if F.METHODS[rope_type].length_dependent else [None]
+            lengths = SEQ_LENS if F.ROPE_TYPES[rope_type].length_dependent else [None]
             for seq_len in lengths:
                 hf32, hf_attn32 = hf_frequencies(params, head_dim, max_pos, seq_len)
                 with transformers_in_float64():
@@ -343,7 +343,7 @@ def test_bad_arguments_raise(kwargs, word):
 
 
 def test_registry_functions_have_papers_in_docstrings():
-    for name, m in F.METHODS.items():
+    for name, m in F.ROPE_TYPES.items():
         doc = m.fn.__doc__ or ""
         assert re_year(doc), f"{name}: {m.fn.__name__} docstring should cite its source"
 

@@ -7,7 +7,7 @@ from collections.abc import Collection, Mapping
 import torch
 
 from ..rope import RotaryEmbedding
-from ..rope.frequencies import METHODS
+from ..rope.frequencies import ROPE_TYPES
 from .families import family, having
 
 __all__ = ["INTERLEAVED_MODEL_TYPES", "rope_settings", "rotary_from_config"]
@@ -144,11 +144,11 @@ def _rope_parameters(config) -> dict:
 def _scaling(rope_type: str, params: dict, prf: float) -> dict | None:
     """RotaryEmbedding's ``scaling`` for a method and its remaining parameters (None: plain RoPE), each key
     checked against what the method takes."""
-    if rope_type not in METHODS:
+    if rope_type not in ROPE_TYPES:
         raise ValueError(
-            f"config's rope_type must be one of {', '.join(map(repr, METHODS))}; got {rope_type!r}"
+            f"config's rope_type must be one of {', '.join(map(repr, ROPE_TYPES))}; got {rope_type!r}"
         )
-    method = METHODS[rope_type]
+    method = ROPE_TYPES[rope_type]
     unknown = sorted(set(params) - set(method.required) - set(method.optional))
     if unknown:
         raise ValueError(

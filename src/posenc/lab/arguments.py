@@ -17,8 +17,8 @@ from posenc.lab.commands import cmd_compare, cmd_eval, cmd_sample, cmd_train
 from posenc.lab.config import PRESETS, GPTConfig, Settings, TrainConfig
 from posenc.lab.encodings import ENCODINGS
 from posenc.lab.eval_config import EVAL_COMMAND_FLAGS, EvalConfig
-from posenc.runs.flags import add_flags, like, option
 from posenc.lab.passkey import PASSKEY_FILLERS, PASSKEY_STYLES
+from posenc.runs.flags import add_flags, like, option
 
 __all__ = ["add_commands"]
 

@@ -50,8 +50,8 @@ def _load_checkpoint(args):
 def cmd_train(args) -> int:
     from posenc.lab.checkpoint import latest_checkpoint
     from posenc.lab.config import GPTConfig, TrainConfig
-    from posenc.runs.flags import flag_values
     from posenc.lab.train import train
+    from posenc.runs.flags import flag_values
 
     _check_paths(args, args.out)
     model_cfg = GPTConfig(**flag_values(GPTConfig, args))
@@ -103,8 +103,8 @@ def cmd_eval(args) -> int:
     from posenc.lab.data import load_corpus
     from posenc.lab.eval_config import EVAL_COMMAND_FLAGS, EvalConfig
     from posenc.lab.evaluate import EXTENSIONS, evaluate
-    from posenc.runs.flags import flag_values
     from posenc.lab.passkey import check_passkey_lengths
+    from posenc.runs.flags import flag_values
 
     _check_paths(args)
     if args.json:

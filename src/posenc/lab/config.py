@@ -29,11 +29,11 @@ from posenc.lab.encodings import (
 )
 from posenc.lab.errors import LabError
 from posenc.lab.eval_config import EvalConfig
-from posenc.runs.flags import like, option
 from posenc.lab.mix import check_mix_fits, check_training_mix, mix_help
 from posenc.lab.passkey import TRAIN_KEY_DIGITS, passkey_min_length
 from posenc.lab.recipes import RECIPES, check_recipes, continued
 from posenc.lab.tokenizer import VOCAB_SIZE
+from posenc.runs.flags import like, option
 
 # ---------------------------------------------------------------------------------------------- model
 

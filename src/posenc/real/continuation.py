@@ -35,7 +35,7 @@ import torch
 
 from posenc.real.shared_prefix import Prefix, Rows, can_share, length_dependent_positions, shared_prefix
 
-__all__ = ["Answer", "Ask", "Continuation", "reserved_layer_class"]
+__all__ = ["Answer", "Continuation", "Request", "reserved_layer_class"]
 
 # room left after the prefix for a question and its answer when the caller does not say; a longer one grows
 # the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
@@ -57,7 +57,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Ask:
+class Request:
     """One question for :meth:`Continuation.answers`: its token ``ids``, the most tokens its answer may take,
     and ``done(text)``, true once the answer written so far is final (None: decode to the budget or an
     end-of-sequence token)."""
@@ -191,7 +191,7 @@ class Continuation:
 
     @torch.inference_mode()
     def answers(
-        self, cache, snapshot: list[dict], asks: Sequence[Ask], rows: int = DEFAULT_ROWS
+        self, cache, snapshot: list[dict], asks: Sequence[Request], rows: int = DEFAULT_ROWS
     ) -> list[Answer]:
         """Every question of ``asks`` continued from the prefilled ``cache``, as :meth:`answer` would answer
         each (the same greedy tokens but for float rounding), in batches of up to ``rows`` whose steps read
@@ -220,7 +220,7 @@ class Continuation:
                 found.update(zip(batch, _Batch(self, cache, [asks[k] for k in batch]).run(), strict=True))
         return [found[k] for k in range(len(asks))]
 
-    def _goes_on(self, ask: Ask, written: list[int], token: int) -> bool:
+    def _goes_on(self, ask: Request, written: list[int], token: int) -> bool:
         """Whether an answer decodes on after ``token``, which it writes unless it ends the answer; as
         :meth:`answer` stops."""
         if token in self.stop:
@@ -235,7 +235,7 @@ class _Batch:
     """Questions as the rows of one batch over the prefix of ``cache``: each padded on the right to the
     longest, each answer token at its row's next position (:mod:`posenc.real.shared_prefix`)."""
 
-    def __init__(self, runner: Continuation, cache, asks: list[Ask]):
+    def __init__(self, runner: Continuation, cache, asks: list[Request]):
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 

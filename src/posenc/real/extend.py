@@ -57,7 +57,7 @@ from posenc.runs.memory import measured_peak
 __all__ = [
     "ExtendResult",
     "ExtendSettings",
-    "Plan",
+    "Resolved",
     "check_methods",
     "check_settings",
     "resolve",
@@ -69,7 +69,7 @@ SHORT_TOKENS = 1024
 
 
 @dataclass(frozen=True)
-class Plan:
+class Resolved:
     """Settings resolved against a model: every value concrete and checked."""
 
     methods: tuple[str, ...]
@@ -109,7 +109,7 @@ def _planned(config) -> bool:
     return (_config_get(text_config(config), "model_type") or "") in ADAPTERS
 
 
-def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
+def resolve(settings: ExtendSettings, config, device: torch.device) -> Resolved:
     """Check ``settings`` and fill in what the budget and the model decide; a ValueError naming the flag
     otherwise."""
     check_settings(settings)
@@ -135,7 +135,7 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Plan:
     ladder = (
         tuple(sorted(n for n in ladder if n < shortest)) if "none" in methods and tasks != NO_TASKS else ()
     )
-    return Plan(
+    return Resolved(
         methods=methods,
         lengths=lengths,
         windows=settings.windows or budget.windows,
@@ -178,7 +178,7 @@ def _config_get(config, name: str):
     return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
 
 
-def check_methods(plan: Plan, config) -> tuple[dict, dict]:
+def check_methods(plan: Resolved, config) -> tuple[dict, dict]:
     """Each method's :class:`~posenc.real.methods.Treatment` for the model of ``config``, and (method, length)
     -> why it cannot run there; a ValueError naming the method before any work when one cannot run on this
     model at all, or when no chosen method applies at any length (nothing would be measured)."""
@@ -211,7 +211,7 @@ def check_methods(plan: Plan, config) -> tuple[dict, dict]:
     return treatments, refused
 
 
-def fitting_tasks(plan: Plan, tokenizer, chat: bool, *, asked: bool) -> tuple[tuple[str, ...], dict]:
+def fitting_tasks(plan: Resolved, tokenizer, chat: bool, *, asked: bool) -> tuple[tuple[str, ...], dict]:
     """The tasks of ``plan`` that fill its shortest length with this tokenizer, and task -> why not for the
     others. A task the user named (``asked``) that cannot fill it is a ValueError, before any forward pass;
     the default tasks leave it out (the report says so)."""
@@ -230,7 +230,7 @@ def fitting_tasks(plan: Plan, tokenizer, chat: bool, *, asked: bool) -> tuple[tu
     return tuple(kept), left
 
 
-def _fitting_ladder(plan: Plan, tasks, tokenizer, chat: bool) -> tuple[int, ...]:
+def _fitting_ladder(plan: Resolved, tasks, tokenizer, chat: bool) -> tuple[int, ...]:
     """The ladder's lengths that every task of ``tasks`` fills (a shorter one is left out)."""
     least = max(
         (min_length(t, tokenizer, chat=chat, questions=_questions(t, plan.questions)) for t in tasks),
@@ -264,7 +264,7 @@ class _Job:
 
 
 def _jobs(
-    plan: Plan, length: int, windows: list, docs: list, start: list[int], prompts, trials
+    plan: Resolved, length: int, windows: list, docs: list, start: list[int], prompts, trials
 ) -> list[_Job]:
     jobs = []
     for i, w in enumerate(windows):
@@ -313,7 +313,7 @@ def _groups(run: list[_Job]) -> list[list[_Job]]:
     return groups
 
 
-def _run_job(scorer: Scorer, runner: Continuation, job: _Job, plan: Plan, device, tokenizer) -> dict:
+def _run_job(scorer: Scorer, runner: Continuation, job: _Job, plan: Resolved, device, tokenizer) -> dict:
     t0 = time.perf_counter()
     with measured_peak(device) as peak:
         if job.kind == "window":
@@ -338,7 +338,7 @@ def _run_job(scorer: Scorer, runner: Continuation, job: _Job, plan: Plan, device
     return result
 
 
-def _inputs(plan: Plan, settings: ExtendSettings, tokenizer):
+def _inputs(plan: Resolved, settings: ExtendSettings, tokenizer):
     """The windows (and their documents), passkey prompts and trials every method runs at each length."""
     start = start_tokens(tokenizer)
     need = plan.lengths[-1] - len(start)
@@ -423,7 +423,7 @@ def run_extend(
 
 
 def _work(
-    plan: Plan, out: Path, real: RealModel, treatments: dict, refused: dict, inputs
+    plan: Resolved, out: Path, real: RealModel, treatments: dict, refused: dict, inputs
 ) -> tuple[dict, dict]:
     """Every length's jobs and every (method, length)'s cell (:mod:`posenc.real.cells`): at the ladder's
     lengths the tasks alone, in the model as trained's cells alone."""
@@ -443,7 +443,7 @@ class _Tools:
 
     scorer: Scorer | None
     runner: Continuation
-    plan: Plan
+    plan: Resolved
     device: torch.device
     tokenizer: object
 
@@ -475,7 +475,7 @@ def _run_cell(tools: _Tools, where: str, run: list[_Job], cell, bar) -> None:
         done(job)
 
 
-def _key_tokens(plan: Plan, cells: dict, jobs: dict) -> list[list[int]] | None:
+def _key_tokens(plan: Resolved, cells: dict, jobs: dict) -> list[list[int]] | None:
     """LongPPL's key tokens of each window (:func:`posenc.real.longppl.window_keys`), from the model as
     trained at the trained length; None while they are not measured (or the trained length is not run)."""
     cell = cells.get(("none", plan.train_len))
@@ -488,7 +488,7 @@ def _key_tokens(plan: Plan, cells: dict, jobs: dict) -> list[list[int]] | None:
     return window_keys(found["window"], found["short"])
 
 
-def _asks(plan: Plan, method: str, n: int, job: _Job) -> bool:
+def _asks(plan: Resolved, method: str, n: int, job: _Job) -> bool:
     """Whether ``method`` runs ``job`` at ``n``: LongPPL's truncated contexts are the model as trained's
     alone, and so are the tasks up to the trained length when the plan keeps them to its baseline."""
     if method == "none":
@@ -498,7 +498,7 @@ def _asks(plan: Plan, method: str, n: int, job: _Job) -> bool:
     return not (job.kind == "trial" and plan.baseline_within and n <= plan.train_len)
 
 
-def _todo(plan: Plan, cells: dict, jobs: dict) -> list:
+def _todo(plan: Resolved, cells: dict, jobs: dict) -> list:
     """(method, length, jobs to run): each cell once, in the order of the methods; a cell shared with the
     model as trained runs what the model as trained runs."""
     todo, seen = [], set()
@@ -514,7 +514,7 @@ def _todo(plan: Plan, cells: dict, jobs: dict) -> list:
     return todo
 
 
-def _extra(plan: Plan, settings: ExtendSettings, tokenizer, left_out: dict) -> dict:
+def _extra(plan: Resolved, settings: ExtendSettings, tokenizer, left_out: dict) -> dict:
     """What results.json records of the passkey prompts and the task suite besides their results."""
     from posenc.real.passkey import KEY_DIGITS
     from posenc.real.tasks import ESSAY_SOURCE

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from posenc.real.continuation import Ask, Continuation
+from posenc.real.continuation import Continuation, Request
 from posenc.real.shared_prefix import length_dependent_positions
 from posenc.real.tasks import score
 from posenc.runs.memory import measured_peak
@@ -154,7 +154,7 @@ def _trial(runner: Continuation, trial, start: int, base_cache, points, reserve:
         # recall of the expected strings cannot grow past 1: a full answer is final (RULER's score of the
         # whole budget, at a fraction of the decoding)
         asks = [
-            Ask(tuple(q.ids), q.max_new_tokens, lambda text, q=q: score(q.expected, text) == 1.0)
+            Request(tuple(q.ids), q.max_new_tokens, lambda text, q=q: score(q.expected, text) == 1.0)
             for q in trial.questions
         ]
         answers = runner.answers(cache, snapshot, asks)

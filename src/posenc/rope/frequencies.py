@@ -45,7 +45,7 @@ from .. import _checks
 from ..angles import inverse_frequencies as _schedule
 
 __all__ = [
-    "METHODS",
+    "ROPE_TYPES",
     "Schedule",
     "default_frequencies",
     "dynamic_ntk_frequencies",
@@ -317,7 +317,7 @@ class _Method:
 
 _YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
 
-METHODS: dict[str, _Method] = {
+ROPE_TYPES: dict[str, _Method] = {
     "default": _Method(default_frequencies, factor_key=None),
     "linear": _Method(linear_frequencies, ("factor",)),
     "ntk": _Method(ntk_frequencies, ("factor",), min_dim=4),
@@ -384,26 +384,26 @@ class Schedule:
     @property
     def length_dependent(self) -> bool:
         """True when inv_freq depends on the sequence length (dynamic, dynamic_yarn, longrope)."""
-        return METHODS[self.method].length_dependent
+        return ROPE_TYPES[self.method].length_dependent
 
     @property
     def factor_key(self) -> str | None:
-        return METHODS[self.method].factor_key
+        return ROPE_TYPES[self.method].factor_key
 
     @property
     def freq_dim(self) -> int:
-        return self.head_dim if METHODS[self.method].whole_head else self.rotary_dim
+        return self.head_dim if ROPE_TYPES[self.method].whole_head else self.rotary_dim
 
     def at(self, seq_len: int | None = None, factor: float | None = None) -> Frequencies:
         """float64 inv_freq (freq_dim/2,) and attention factor at sequence length ``seq_len`` (None: the
         original context), with the dict's scaling factor replaced by ``factor`` if given."""
-        m = METHODS[self.method]
+        m = ROPE_TYPES[self.method]
         kwargs = dict(self.params)
         if factor is not None:
             if m.factor_key is None:
                 raise ValueError(
                     f"factor cannot be overridden for rope_type {self.method!r}; methods with a factor: "
-                    f"{', '.join(k for k, v in METHODS.items() if v.factor_key)}"
+                    f"{', '.join(k for k, v in ROPE_TYPES.items() if v.factor_key)}"
                 )
             kwargs[m.factor_key] = _checks.number("factor", factor, minimum=1.0)
         context = {
@@ -423,7 +423,7 @@ def _method_and_params(scaling) -> tuple[str, dict]:
             f"scaling must be a dict like {{'rope_type': 'yarn', 'factor': 4.0, ...}} or None, got "
             f"{scaling!r}"
         )
-    accepted = ", ".join(map(repr, METHODS))
+    accepted = ", ".join(map(repr, ROPE_TYPES))
     name = scaling.get("rope_type", scaling.get("type"))
     if scaling.get("type") is not None and scaling.get("rope_type") not in (None, scaling["type"]):
         raise ValueError(
@@ -435,9 +435,9 @@ def _method_and_params(scaling) -> tuple[str, dict]:
             f"scaling needs a 'rope_type' (or 'type') key, one of {accepted}; got keys {sorted(scaling)}"
         )
     name = _ALIASES.get(name, name)
-    if name not in METHODS:
+    if name not in ROPE_TYPES:
         raise ValueError(f"scaling['rope_type'] must be one of {accepted}; got {name!r}")
-    m = METHODS[name]
+    m = ROPE_TYPES[name]
     missing = [k for k in m.required if scaling.get(k) is None]
     if missing:
         raise ValueError(f"scaling for rope_type {name!r} is missing {missing}; it needs {list(m.required)}")
@@ -536,21 +536,21 @@ def resolve_schedule(
         prf = _partial_rotary_factor("scaling['partial_rotary_factor']", scaling["partial_rotary_factor"])
     if max_position_embeddings is not None:
         _checks.number("max_position_embeddings", max_position_embeddings, minimum=1, integer=True)
-    if METHODS[name].needs_max_position(params) and max_position_embeddings is None:
+    if ROPE_TYPES[name].needs_max_position(params) and max_position_embeddings is None:
         raise ValueError(
             f"rope_type {name!r} needs max_position_embeddings (the model's context length"
             + (", to derive the factor" if name == "longrope" else "")
             + "), got None"
         )
-    if METHODS[name].log_base and base <= 1:
+    if ROPE_TYPES[name].log_base and base <= 1:
         raise ValueError(
             f"rope_type {name!r} needs a base (rope_theta) > 1 (its ramp divides by log(base)), got {base!r}"
         )
-    rotary_dim = _rotary_dim(head_dim, rotary_dim, None if METHODS[name].whole_head else prf)
-    if rotary_dim < METHODS[name].min_dim:
+    rotary_dim = _rotary_dim(head_dim, rotary_dim, None if ROPE_TYPES[name].whole_head else prf)
+    if rotary_dim < ROPE_TYPES[name].min_dim:
         raise ValueError(
-            f"rope_type {name!r} needs a rotary dimension >= {METHODS[name].min_dim} (it raises the base to "
-            f"the power d/(d-2)), got {rotary_dim}"
+            f"rope_type {name!r} needs a rotary dimension >= {ROPE_TYPES[name].min_dim} (it raises the base "
+            f"to the power d/(d-2)), got {rotary_dim}"
         )
     return Schedule(
         name, params, base, head_dim, rotary_dim, max_position_embeddings, 1.0 if prf is None else prf
@@ -596,7 +596,7 @@ def rope_frequencies(
         base: rope_theta; a ``rope_theta`` inside ``scaling`` (the ``rope_parameters`` form) takes precedence.
         scaling: None, or a ``rope_scaling`` dict (``{"type" or "rope_type": ..., "factor": ...}``) or a
             ``rope_parameters`` dict (``{"rope_type": ..., "rope_theta": ..., ...}``). Methods: see
-            :data:`METHODS`.
+            :data:`ROPE_TYPES`.
         seq_len: the current sequence length, for the length-dependent methods (dynamic, dynamic_yarn,
             longrope).
         max_position_embeddings: the config's max_position_embeddings (dynamic needs it; longrope without

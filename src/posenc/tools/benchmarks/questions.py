@@ -31,12 +31,12 @@ ANSWER_TOKENS = 24
 
 def measure(real, task: str, length: int) -> dict:
     """One haystack of ``task`` at ``length`` tokens: its questions both ways from one prefill."""
-    from posenc.real.continuation import Ask, Continuation
+    from posenc.real.continuation import Continuation, Request
     from posenc.real.tasks import make_trials, score
 
     trial = make_trials(task, real.tokenizer, length, 1, seed=0, chat=True, questions=QUESTIONS)[0]
     asks = [
-        Ask(
+        Request(
             tuple(q.ids),
             min(q.max_new_tokens, ANSWER_TOKENS),
             lambda text, q=q: score(q.expected, text) == 1.0,
