@@ -227,16 +227,14 @@ def _enumerated_cluster_means(values, clusters):
 def test_the_cluster_bootstrap_resamples_whole_clusters_as_enumeration_does():
     values = [0.3, -1.2, 2.5, 0.1, 0.4, -0.7]
     clusters = ["a", "a", "b", "c", "c", "c"]
-    exact = _enumerated_cluster_means(values, clusters)
-    drawn = statistics._cluster_means(np.array(values), np.array([0, 0, 1, 2, 2, 2]), 40_000, 3)
-    assert drawn.mean() == pytest.approx(exact.mean(), abs=0.01)
-    assert drawn.std() == pytest.approx(exact.std(), rel=0.02)
-    # every resample's mean is one of the enumerated ones
-    assert np.isin(np.round(drawn, 9), np.round(exact, 9)).all()
-    low, high = statistics.cluster_bootstrap_mean(values, clusters, n_resamples=40_000, seed=3)
-    # the enumerated distribution's own quantiles (each of the 27 draws 1/27 likely)
-    e_low, e_high = np.quantile(exact, [0.025, 0.975], method="inverted_cdf")
-    assert low == pytest.approx(e_low, abs=1e-9) and high == pytest.approx(e_high, abs=1e-9)
+    exact = _enumerated_cluster_means(values, clusters)  # each of the 27 draws 1/27 likely
+    for level in (0.5, 0.8, 0.95):
+        low, high = statistics.cluster_bootstrap_mean(
+            values, clusters, level=level, n_resamples=40_000, seed=3
+        )
+        tail = (1 - level) / 2
+        e_low, e_high = np.quantile(exact, [tail, 1 - tail], method="inverted_cdf")
+        assert low == pytest.approx(e_low, abs=1e-9) and high == pytest.approx(e_high, abs=1e-9)
 
 
 def test_one_value_a_cluster_is_the_plain_bootstrap():
