@@ -112,7 +112,7 @@ class ContextParallel:
 
 
 def _length_dependent_rope(model) -> str | None:
-    from ..parallel.ring import length_dependent
+    from ..rope.protocol import length_dependent
     from ._config import rotary_from_config
 
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

@@ -27,7 +27,7 @@ from ..bias.base import ScoreBias
 from ..bias.cope import CoPE
 from ..bias.forget import ForgetBias
 from ..bias.shaw import ShawRelative
-from ..rope.protocol import is_rotary
+from ..rope.protocol import is_rotary, length_dependent
 from .blocks import (
     Keys,
     Queries,
@@ -531,12 +531,6 @@ def _decay_terms(ring, log_forgets: list, qs: list, indices: list) -> list:
         full = full.index_copy(-1, ix[keep], lf[..., keep].to(torch.float64))
     c = full.cumsum(-1)
     return [c.index_select(-1, ix.clamp(min=0).to(c.device)) for ix in indices]
-
-
-def length_dependent(rotary) -> bool:
-    """Whether the rotary's frequencies depend on the sequence length (dynamic NTK, YaRN, LongRoPE)."""
-    schedule = getattr(rotary, "schedule", None) or getattr(getattr(rotary, "table", None), "schedule", None)
-    return bool(getattr(schedule, "length_dependent", False))
 
 
 def _centred(rotary) -> bool:

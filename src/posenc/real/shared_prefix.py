@@ -104,17 +104,15 @@ def can_share(model) -> str | None:
     return None
 
 
-# transformers' rope types whose frequencies do not depend on the sequence's length
-_FIXED_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
-
-
 def length_dependent_positions(model) -> bool:
     """Whether ``model``'s rotary schedule depends on the length of the call (dynamic NTK, LongRoPE): its
     rows are then batched only with rows at the same positions, since the schedule of a call is taken at its
     longest row (as transformers does) and a shorter row alone would see another. Read from posenc's
-    rotaries where the model is patched, else from transformers' rotary modules (an unknown rope type
-    counts as dependent)."""
-    from ..parallel.ring import length_dependent
+    rotaries where the model is patched (:func:`posenc.rope.protocol.length_dependent`), else from
+    transformers' rotary modules' rope types, as posenc's registry of them declares each
+    (:data:`posenc.rope.frequencies.ROPE_TYPES`; an unknown one counts as dependent)."""
+    from ..rope.frequencies import ROPE_TYPES
+    from ..rope.protocol import length_dependent
 
     for module in model.modules():
         rotary = getattr(module, "posenc_rotary", None)
@@ -128,7 +126,7 @@ def length_dependent_positions(model) -> bool:
         else:
             kinds = getattr(module, "rope_type", None)
             kinds = kinds.values() if isinstance(kinds, dict) else [] if kinds is None else [kinds]
-            if any(kind not in _FIXED_ROPE_TYPES for kind in kinds):
+            if any(kind not in ROPE_TYPES or ROPE_TYPES[kind].length_dependent for kind in kinds):
                 return True
     return False
 
@@ -277,8 +275,8 @@ def _views(remap, i: torch.Tensor, prefix: torch.Tensor, own: torch.Tensor, wind
 def _position_only(rotary) -> bool:
     """Whether ``rotary`` rotates a key by its position alone (plain RoPE at a fixed schedule: no length
     dependence, no xPos scale about a centre), so that the prefix's rotated keys hold from step to step."""
-    from ..parallel.ring import length_dependent
     from ..rope import RotaryEmbedding
+    from ..rope.protocol import length_dependent
 
     return type(rotary) is RotaryEmbedding and not length_dependent(rotary)
 

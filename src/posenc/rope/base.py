@@ -78,6 +78,8 @@ class Rotary(nn.Module):
     shared_tables: bool = True
     #: a default call (consecutive positions, no options) may take the small kernel on :meth:`rows`
     decodes_from_rows: bool = False
+    #: its frequencies depend on the length of the call (dynamic NTK, LongRoPE): a schedule's subclass says so
+    length_dependent: bool = False
 
     def tables(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, offset: int = 0, *, kind="q", **options

@@ -168,6 +168,11 @@ class MRotaryEmbedding(Rotary):
         inv, attn = schedule.at()
         self.inv_freq64, self.attention_factor = inv, float(attn)
 
+    @property
+    def length_dependent(self) -> bool:
+        """True when the frequencies depend on the sequence length (a dynamic schedule)."""
+        return self.schedule.length_dependent
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32, context_len=None):
         """cos and sin (attention factor included), each (batch, seq, rotary_dim/2), of (axes, batch, seq)
         positions, or of text positions (batch, seq) / (seq,) (then (seq, rotary_dim/2)). ``context_len``:

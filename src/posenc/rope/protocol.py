@@ -17,6 +17,10 @@ All five derive from :class:`~.base.Rotary`, whose ``forward`` and ``rotate`` ar
 ``tables(x, positions, offset, ...) -> (cos, sin)`` hook; a subclass overriding that hook alone is a rotary
 embedding too. Anything else with these methods (and callable, as an ``nn.Module`` is: calling it runs
 ``forward``) passes ``isinstance(obj, RotaryProtocol)`` and works with ``posenc.attention(rotary=obj)``.
+
+A rotary whose frequencies depend on the length of the call (dynamic NTK, LongRoPE) declares it with a true
+``length_dependent`` attribute; :func:`length_dependent` is what every other part of posenc reads (a
+shared prefix, a ring of ranks and a KV cache cannot reuse such a rotation across lengths).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["RotaryProtocol", "is_rotary"]
+__all__ = ["RotaryProtocol", "is_rotary", "length_dependent"]
 
 _MEMBERS = ("__call__", "forward", "rotate", "cos_sin")
 
@@ -95,3 +99,9 @@ def is_rotary(obj) -> bool:
     if all(callable(getattr(cls, name, None)) for name in _MEMBERS):
         _conforming.add(cls)
     return True
+
+
+def length_dependent(rotary) -> bool:
+    """Whether ``rotary`` declares frequencies that depend on the length of the call: its
+    ``length_dependent`` attribute (False for a rotary that declares none)."""
+    return bool(getattr(rotary, "length_dependent", False))
