@@ -71,7 +71,7 @@ def test_what_it_cannot_run_is_refused(smollm2):
 def test_a_question_past_the_reserve_grows_the_buffer_and_the_prefix_stays(smollm2, real_text):
     """With no room reserved every question outgrows the full-attention layers' buffers; the answers are
     still greedy decoding of the whole prompt, and a later question still sees the prefix alone."""
-    from posenc.real.continuation import reserved_layer_class
+    from posenc.hf.cache import reserved_layer_class
 
     model, tokenizer = smollm2.model, smollm2.tokenizer
     prefix, questions = _prompt(tokenizer, real_text, 300)
@@ -130,8 +130,8 @@ def test_batched_questions_refuse_what_they_cannot_run(smollm2):
 
 def test_a_length_dependent_schedule_batches_only_questions_of_one_length(fresh_smollm2, real_text):
     from posenc.hf import patch_model, unpatch_model
+    from posenc.hf.shared_prefix import length_dependent_positions
     from posenc.real.methods import method_rotary
-    from posenc.real.shared_prefix import length_dependent_positions
 
     model, tokenizer = fresh_smollm2.model, fresh_smollm2.tokenizer
     assert not length_dependent_positions(model)

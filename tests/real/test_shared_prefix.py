@@ -1,4 +1,4 @@
-"""Attention over a shared prefix (posenc.real.shared_prefix): each row of a batch attends as if its own
+"""Attention over a shared prefix (posenc.hf.shared_prefix): each row of a batch attends as if its own
 tokens followed the prefix in one sequence, against torch's SDPA with an explicit mask and against
 posenc.remap.remap_attention on that sequence, row by row."""
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc.real.shared_prefix import IMPLEMENTATION, Rows, _attend, _Keys, _shared_forward, can_share
+from posenc.hf.shared_prefix import IMPLEMENTATION, Rows, _attend, _Keys, _shared_forward, can_share
 from posenc.remap import NoRemap, ReRoPE, SelfExtend, remap_attention
 from posenc.rope import RotaryEmbedding
 

@@ -1,6 +1,11 @@
-"""A transformers cache whose cached keys follow the current RoPE schedule: :func:`consistent_cache`."""
+"""transformers caches posenc builds: one whose cached keys follow the current RoPE schedule
+(:func:`consistent_cache`), and a full-attention layer that keeps its keys in a reserved buffer and never
+writes inside what it handed out (:func:`reserved_layer_class`: a prefix's questions restore it by
+reference)."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -8,7 +13,7 @@ from ..rope import RotaryEmbedding
 from ._config import rotary_from_config
 from .handout import check_plain
 
-__all__ = ["consistent_cache"]
+__all__ = ["consistent_cache", "reserved_layer_class"]
 
 
 def consistent_cache(model, rotary: RotaryEmbedding | None = None):
@@ -71,3 +76,49 @@ def consistent_cache(model, rotary: RotaryEmbedding | None = None):
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
     return RopeConsistentCache(config=model.config)
+
+
+@functools.cache
+def reserved_layer_class():
+    """The cache layer :meth:`posenc.real.continuation.Continuation.prefill` gives each full-attention
+    layer, a subclass of transformers' ``DynamicLayer`` (built on first use: transformers is imported only
+    by what runs a real model)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class ReservedLayer(DynamicLayer):
+        """A full-attention cache layer whose keys and values live in a buffer of ``capacity`` tokens,
+        (batch, kv_heads, capacity, head_dim); ``keys``/``values`` are views of its first tokens. A token is
+        written after the view's end, never inside it, so a view handed out earlier keeps its contents."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = capacity
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            start = self.keys.shape[-2] if self.is_initialized else 0
+            end = start + key_states.shape[-2]
+            if not self.is_initialized or end > self.key_buffer.shape[-2]:
+                self._allocate(key_states, value_states, max(end, self.capacity, 2 * start))
+            self.key_buffer[..., start:end, :] = key_states
+            self.value_buffer[..., start:end, :] = value_states
+            self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
+            return self.keys, self.values
+
+        def _allocate(self, key_states, value_states, tokens: int) -> None:
+            """A new buffer of ``tokens`` holding what is filled (the old one stays for any view of it)."""
+            shape = tuple(key_states.shape[:-2])
+            key_buffer = key_states.new_empty(shape + (tokens, key_states.shape[-1]))
+            value_buffer = value_states.new_empty(shape + (tokens, value_states.shape[-1]))
+            if self.is_initialized:
+                key_buffer[..., : self.keys.shape[-2], :] = self.keys
+                value_buffer[..., : self.values.shape[-2], :] = self.values
+            self.key_buffer, self.value_buffer = key_buffer, value_buffer
+            self.device, self.is_initialized = key_states.device, True
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("a reserved cache layer serves the questions of one sequence")
+
+        batch_select_indices = batch_repeat_interleave
+
+    ReservedLayer.__module__ = __name__
+    return ReservedLayer

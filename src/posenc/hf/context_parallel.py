@@ -23,7 +23,7 @@ import torch
 
 from ..parallel.ring import ring_attention
 from .layers import attention_layers
-from .ledger import Ledger
+from .ledger import Ledger, use_attention
 
 __all__ = ["IMPLEMENTATION", "ContextParallel", "context_parallel"]
 
@@ -141,14 +141,8 @@ def context_parallel(model, group=None) -> ContextParallel:
             "this model's RoPE depends on the sequence length (dynamic scaling): each rank would take its "
             "own shard's last position as the length; context parallelism needs a fixed schedule"
         )
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(IMPLEMENTATION, _ring_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, _no_mask)
     book = Ledger()
     configs = {id(layer.config): layer.config for layer in layers if hasattr(layer, "config")}
     configs[id(model.config)] = model.config
-    for config in configs.values():
-        book.set(config, "_attn_implementation", IMPLEMENTATION)
+    use_attention(book, configs.values(), IMPLEMENTATION, _ring_forward, _no_mask)
     return ContextParallel(model, group, book)

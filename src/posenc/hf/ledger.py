@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-__all__ = ["Ledger", "is_patched", "ledger", "undo"]
+__all__ = ["Ledger", "is_patched", "ledger", "undo", "use_attention"]
 
 _NAME = "_posenc_ledger"
 
@@ -43,6 +43,19 @@ def _restorer(obj, name: str) -> Callable[[], None]:
         old = getattr(obj, name)
         return lambda: setattr(obj, name, old)
     return lambda: delattr(obj, name)
+
+
+def use_attention(book: Ledger, configs, name: str, forward, mask) -> None:
+    """Register ``forward`` as transformers' attention implementation ``name`` (``mask`` as its mask
+    function: transformers' mask-function protocol) and set it on every config of ``configs``, each change
+    into ``book``: the one way posenc's attention implementations reach a model."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, mask)
+    for config in configs:
+        book.set(config, "_attn_implementation", name)
 
 
 def ledger(model) -> Ledger:

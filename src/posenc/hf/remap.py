@@ -30,7 +30,7 @@ import torch
 
 from ..remap import remap_attention
 from .layers import attention_layers
-from .ledger import Ledger
+from .ledger import Ledger, use_attention
 
 __all__ = ["IMPLEMENTATION", "patch_remap"]
 
@@ -178,15 +178,9 @@ def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
     """Give the rotary module ``module`` ``forward`` (its hand-out form) with the identity, every attention
     layer ``(rotary, remap)``, and the model the ``posenc_remap`` attention implementation (module
     docstring); every change into ``book``."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     layers = attention_layers(model)
     if not layers:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
-    AttentionInterface.register(IMPLEMENTATION, _remap_forward)
-    # the model's mask construction calls this with its padding mask, whichever module was called with it
-    AttentionMaskInterface.register(IMPLEMENTATION, _remap_mask)
     book.set(module, "posenc_rotary", rotary.to(next(iter(module.buffers()), torch.empty(0)).device))
     # per forward: attention calls, the position ids the rotary module was given, the last query's position
     calls = {"n": 0}
@@ -197,4 +191,5 @@ def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
     book.set(model, "_posenc_remap_calls", calls)
     book.hook(model.register_forward_pre_hook(_before_forward, with_kwargs=True))
     book.hook(model.register_forward_hook(_after_forward, with_kwargs=True))
-    book.set(model.config, "_attn_implementation", IMPLEMENTATION)
+    # the model's mask construction calls _remap_mask with its padding mask, whichever module it was for
+    use_attention(book, [model.config], IMPLEMENTATION, _remap_forward, _remap_mask)

@@ -24,7 +24,7 @@ import torch
 
 from ..remap import NoRemap, remap_attention
 from .layers import attention_layers
-from .ledger import Ledger
+from .ledger import Ledger, use_attention
 
 __all__ = ["IMPLEMENTATION", "patch_windows"]
 
@@ -110,11 +110,5 @@ def patch_windows(model, plan, book: Ledger) -> bool:
     }
     if not configs or any(c._attn_implementation != _BASE for c in configs.values()):
         return False
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    AttentionInterface.register(IMPLEMENTATION, _windowed_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, _windowed_mask)
-    for config in configs.values():
-        book.set(config, "_attn_implementation", IMPLEMENTATION)
+    use_attention(book, configs.values(), IMPLEMENTATION, _windowed_forward, _windowed_mask)
     return True

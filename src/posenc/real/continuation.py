@@ -8,24 +8,23 @@ tests check it token for token against ``model.generate`` on the whole prompt), 
 forward per trial instead of one per question.
 
 :meth:`Continuation.answers` answers many questions of one prefix as the rows of batches whose attention reads
-the prefix once per step for all of them (:mod:`posenc.real.shared_prefix`), where the model's attention
+the prefix once per step for all of them (:mod:`posenc.hf.shared_prefix`), where the model's attention
 allows it, else one at a time.
 
 The snapshot holds references, not copies. A full-attention layer keeps its keys and values in a buffer
-reserved past the prefix (:func:`reserved_layer_class`): a question writes its tokens after the prefix and the
-layer hands attention a view of the filled part, so restoring the snapshot is putting back the view of the
-prefix, and the bytes after it are simply written again by the next question. ``DynamicCache``'s own layer
-would concatenate the whole cache into a new tensor at every decoded token, a copy as large as the prefix
-per step (at 8K tokens SmolLM2's keys and values are 0.4 GB). A sliding-window layer keeps transformers'
-layer, which grows by concatenation into new tensors and never writes into those it had, so its trimmed
-tail is restored the same way. A cache whose layers write in place over the prefix (a static cache) is
-refused.
+reserved past the prefix (:func:`posenc.hf.cache.reserved_layer_class`): a question writes its tokens after
+the prefix and the layer hands attention a view of the filled part, so restoring the snapshot is putting back
+the view of the prefix, and the bytes after it are simply written again by the next question.
+``DynamicCache``'s own layer would concatenate the whole cache into a new tensor at every decoded token, a
+copy as large as the prefix per step (at 8K tokens SmolLM2's keys and values are 0.4 GB). A sliding-window
+layer keeps transformers' layer, which grows by concatenation into new tensors and never writes into those it
+had, so its trimmed tail is restored the same way. A cache whose layers write in place over the prefix (a
+static cache) is refused.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import time
 from collections.abc import Callable, Sequence
@@ -33,9 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-from posenc.real.shared_prefix import Prefix, Rows, can_share, length_dependent_positions, shared_prefix
+from posenc.hf.cache import reserved_layer_class
+from posenc.hf.shared_prefix import Prefix, Rows, can_share, length_dependent_positions, shared_prefix
 
-__all__ = ["Answer", "Continuation", "Request", "reserved_layer_class"]
+__all__ = ["Answer", "Continuation", "Request"]
 
 # room left after the prefix for a question and its answer when the caller does not say; a longer one grows
 # the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
@@ -81,7 +81,7 @@ class Continuation:
     @property
     def batches(self) -> bool:
         """Whether :meth:`answers` runs questions of equal length as one batch on this model (else one at a
-        time: :func:`~posenc.real.shared_prefix.can_share` says why not); a batch keeps its own tokens apart,
+        time: :func:`~posenc.hf.shared_prefix.can_share` says why not); a batch keeps its own tokens apart,
         so its prefix needs no reserve."""
         return can_share(self.model) is None
 
@@ -233,7 +233,7 @@ class Continuation:
 
 class _Batch:
     """Questions as the rows of one batch over the prefix of ``cache``: each padded on the right to the
-    longest, each answer token at its row's next position (:mod:`posenc.real.shared_prefix`)."""
+    longest, each answer token at its row's next position (:mod:`posenc.hf.shared_prefix`)."""
 
     def __init__(self, runner: Continuation, cache, asks: list[Request]):
         from transformers import DynamicCache
@@ -305,52 +305,6 @@ def _stop_tokens(model, tokenizer) -> frozenset[int]:
         eos = getattr(source, "eos_token_id", None)
         found.update(eos if isinstance(eos, (list, tuple, set)) else [] if eos is None else [eos])
     return frozenset(int(t) for t in found)
-
-
-@functools.cache
-def reserved_layer_class():
-    """The cache layer :meth:`Continuation.prefill` gives each full-attention layer, a subclass of
-    transformers' ``DynamicLayer`` (built on first use: transformers is imported only by what runs a real
-    model)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class ReservedLayer(DynamicLayer):
-        """A full-attention cache layer whose keys and values live in a buffer of ``capacity`` tokens,
-        (batch, kv_heads, capacity, head_dim); ``keys``/``values`` are views of its first tokens. A token is
-        written after the view's end, never inside it, so a view handed out earlier keeps its contents."""
-
-        def __init__(self, capacity: int):
-            super().__init__()
-            self.capacity = capacity
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            start = self.keys.shape[-2] if self.is_initialized else 0
-            end = start + key_states.shape[-2]
-            if not self.is_initialized or end > self.key_buffer.shape[-2]:
-                self._allocate(key_states, value_states, max(end, self.capacity, 2 * start))
-            self.key_buffer[..., start:end, :] = key_states
-            self.value_buffer[..., start:end, :] = value_states
-            self.keys, self.values = self.key_buffer[..., :end, :], self.value_buffer[..., :end, :]
-            return self.keys, self.values
-
-        def _allocate(self, key_states, value_states, tokens: int) -> None:
-            """A new buffer of ``tokens`` holding what is filled (the old one stays for any view of it)."""
-            shape = tuple(key_states.shape[:-2])
-            key_buffer = key_states.new_empty(shape + (tokens, key_states.shape[-1]))
-            value_buffer = value_states.new_empty(shape + (tokens, value_states.shape[-1]))
-            if self.is_initialized:
-                key_buffer[..., : self.keys.shape[-2], :] = self.keys
-                value_buffer[..., : self.values.shape[-2], :] = self.values
-            self.key_buffer, self.value_buffer = key_buffer, value_buffer
-            self.device, self.is_initialized = key_states.device, True
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            raise NotImplementedError("a reserved cache layer serves the questions of one sequence")
-
-        batch_select_indices = batch_repeat_interleave
-
-    ReservedLayer.__module__ = __name__
-    return ReservedLayer
 
 
 def _snapshot(layer) -> dict:

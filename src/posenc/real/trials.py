@@ -42,8 +42,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from posenc.hf.shared_prefix import length_dependent_positions
 from posenc.real.continuation import Continuation, Request
-from posenc.real.shared_prefix import length_dependent_positions
 from posenc.real.tasks import score
 from posenc.runs.memory import measured_peak
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .ledger import Ledger, use_attention
+
 __all__ = ["IMPLEMENTATION", "Prefix", "Rows", "can_share", "length_dependent_positions", "shared_prefix"]
 
 IMPLEMENTATION = "posenc_shared_prefix"
@@ -136,22 +138,16 @@ def shared_prefix(model, prefix: Prefix, rows: Rows) -> Iterator[None]:
     """Within it, ``model``'s forward calls attend over ``prefix`` and their own cache, which holds only the
     rows' tokens after it, where ``rows`` says they are (the module docstring); the model's attention
     implementation is put back after."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     why = can_share(model)
     if why is not None:
         raise ValueError(f"questions cannot share a prefix in one batch on this model: {why}")
-    AttentionInterface.register(IMPLEMENTATION, _shared_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, _no_mask)
-    config = model.config
-    inner = config._attn_implementation
-    token = _current.set(_Shared(prefix, rows, remapped=inner == _REMAP))
-    config._attn_implementation = IMPLEMENTATION
+    token = _current.set(_Shared(prefix, rows, remapped=model.config._attn_implementation == _REMAP))
+    book = Ledger()
+    use_attention(book, [model.config], IMPLEMENTATION, _shared_forward, _no_mask)
     try:
         yield
     finally:
-        config._attn_implementation = inner
+        book.undo()
         _current.reset(token)
 
 
