@@ -58,9 +58,7 @@ def _cos_sin(module, x, position_ids):
     if identity is not None:  # patch_model(remap=): the attention rotates q and k, and checks these positions
         # a new forward starts here (the model's rotary module runs once, before its layers), whichever
         # module the caller ran: what the last forward learnt about positions and its cache is stale
-        for stale in ("last", "streaming", "masks"):
-            identity.pop(stale, None)
-        identity["positions"] = position_ids
+        identity.new_positions(position_ids)
         shape = (*position_ids.shape, rot.rotary_dim // 2)
         return torch.ones(shape, device=x.device), torch.zeros(shape, device=x.device)
     if isinstance(rot, MRotaryEmbedding):  # (axes, batch, seq) position ids, or (batch, seq) for text

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,7 +33,48 @@ from ..remap import remap_attention
 from .layers import attention_layers
 from .ledger import Ledger, use_attention
 
-__all__ = ["IMPLEMENTATION", "patch_remap"]
+__all__ = ["IMPLEMENTATION", "RemapCalls", "RemapState", "patch_remap", "remap_state"]
+
+
+@dataclass
+class RemapCalls:
+    """What one forward of a remapped model has learnt, shared by its rotary module and its layers: ``n``
+    attention calls so far, the ``positions`` the rotary module was given, the ``last`` query's position
+    (found at the first layer), whether a ``streaming`` cache placed the kept keys at 0 .. n-1, and the
+    layer windows whose ``masks`` were checked."""
+
+    n: int = 0
+    positions: torch.Tensor | None = None
+    last: int | None = None
+    streaming: bool = False
+    masks: set = field(default_factory=set)
+
+    def new_forward(self) -> None:
+        """Forget all of the last forward (a model's forward begins)."""
+        self.n, self.positions = 0, None
+        self.new_positions(None)
+
+    def new_positions(self, positions) -> None:
+        """A new pass of the rotary module with ``positions``: what was learnt about the old ones is stale."""
+        self.positions, self.last, self.streaming = positions, None, False
+        self.masks = set()
+
+
+@dataclass(frozen=True)
+class RemapState:
+    """What an attention layer of a remapped model holds (its ``posenc_remap``): the ``rotary`` that
+    rotates its queries and keys per view, the ``remap`` and the model's :class:`RemapCalls`."""
+
+    rotary: object
+    remap: object
+    calls: RemapCalls
+
+
+def remap_state(module) -> RemapState | None:
+    """The :class:`RemapState` of an attention layer ``module`` of a model patched with ``remap=``; None for
+    any other module."""
+    return getattr(module, "posenc_remap", None)
+
 
 IMPLEMENTATION = "posenc_remap"
 
@@ -42,13 +84,13 @@ def _remap_forward(
 ):
     """transformers' attention-function protocol: q (B, H, Lq, D), k and v (B, Hk, Lk, D) from the cache;
     returns (B, Lq, H, Dv) and no weights."""
-    state = getattr(module, "_posenc_remap", None)
+    state = remap_state(module)
     if state is None:
         raise ValueError(
             f"the attention implementation {IMPLEMENTATION!r} runs only in a model patched with "
             "posenc.hf.patch_model(model, remap=...)"
         )
-    rotary, remap, calls = state
+    rotary, remap, calls = state.rotary, state.remap, state.calls
     if kwargs.get("softcap") is not None:
         raise ValueError(f"remap= has no logit soft-capping; this layer passes softcap={kwargs['softcap']}")
     if dropout:
@@ -56,14 +98,14 @@ def _remap_forward(
             f"remap= has no attention dropout; this layer passes dropout={dropout} (model.eval(), or set "
             "the config's attention_dropout to 0 to train)"
         )
-    if calls.get("streaming"):  # set by posenc.hf.streaming_cache's update: the kept keys sit at 0 .. n-1
+    if calls.streaming:  # set by posenc.hf.streaming_cache's update: the kept keys sit at 0 .. n-1
         offset = 0
     else:
-        if "last" not in calls:
-            calls["last"] = _last_position(calls.get("positions"), query.shape[-2], key.shape[-2])
-        offset = calls["last"] + 1 - key.shape[-2]
+        if calls.last is None:
+            calls.last = _last_position(calls.positions, query.shape[-2], key.shape[-2])
+        offset = calls.last + 1 - key.shape[-2]
         if offset < 0:
-            raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls['last']}")
+            raise ValueError(f"{key.shape[-2]} keys cannot end at position {calls.last}")
     if attention_mask is not None:
         _check_causal(attention_mask, calls, query.shape[-2], key.shape[-2], offset, sliding_window or None)
     sinks = kwargs.get("s_aux")
@@ -80,7 +122,7 @@ def _remap_forward(
         sinks=sinks,
         window=sliding_window or None,
     )
-    calls["n"] += 1
+    calls.n += 1
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -122,12 +164,12 @@ def _remap_mask(*args, attention_mask=None, **kwargs):
     return None
 
 
-def _check_causal(mask: torch.Tensor, calls: dict, q_len: int, k_len: int, offset: int, window) -> None:
+def _check_causal(mask: torch.Tensor, calls: RemapCalls, q_len: int, k_len: int, offset: int, window) -> None:
     """A ValueError unless a 4D mask (batch, 1 or heads, q_len, k_len), bool or additive, lets each query
     see exactly the keys at positions up to its own within ``window``, as the remap kernels do (a padding
     or custom mask reaching the attention without the model's mask function); checked once per forward and
     window, at the cost of reading the mask."""
-    seen = calls.setdefault("masks", set())
+    seen = calls.masks
     if window in seen:
         return
     if mask.dim() != 4 or tuple(mask.shape[-2:]) != (q_len, k_len):
@@ -160,13 +202,11 @@ def _before_forward(model, args, kwargs):
     except TypeError:  # the forward itself will say what is wrong with its arguments
         given = kwargs
     _refuse_padding(given.get("attention_mask"))
-    calls = model._posenc_remap_calls
-    calls.clear()
-    calls["n"] = 0
+    model.posenc_remap_calls.new_forward()
 
 
 def _after_forward(model, args, kwargs, output):
-    if model._posenc_remap_calls["n"] == 0:
+    if model.posenc_remap_calls.n == 0:
         raise ValueError(
             f"{type(model).__name__}'s attention did not go through transformers' attention interface, so "
             "patch_model(remap=) cannot reach it (its queries and keys went unrotated): this family cannot "
@@ -183,12 +223,12 @@ def patch_remap(model, module, forward, rotary, remap, book: Ledger) -> None:
         raise ValueError(f"patch_model(remap=) found no attention layer in {type(model).__name__}")
     book.set(module, "posenc_rotary", rotary.to(next(iter(module.buffers()), torch.empty(0)).device))
     # per forward: attention calls, the position ids the rotary module was given, the last query's position
-    calls = {"n": 0}
+    calls = RemapCalls()
     book.set(module, "posenc_identity", calls)
     book.set(module, "forward", types.MethodType(forward, module))
     for layer in layers:
-        book.set(layer, "_posenc_remap", (rotary, remap, calls))
-    book.set(model, "_posenc_remap_calls", calls)
+        book.set(layer, "posenc_remap", RemapState(rotary, remap, calls))
+    book.set(model, "posenc_remap_calls", calls)
     book.hook(model.register_forward_pre_hook(_before_forward, with_kwargs=True))
     book.hook(model.register_forward_hook(_after_forward, with_kwargs=True))
     # the model's mask construction calls _remap_mask with its padding mask, whichever module it was for

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .ledger import Ledger, use_attention
+from .remap import remap_state
 
 __all__ = ["IMPLEMENTATION", "Prefix", "Rows", "can_share", "length_dependent_positions", "shared_prefix"]
 
@@ -169,8 +170,9 @@ def _shared_forward(
     if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
         raise ValueError("a shared prefix scores without logit soft-capping and attention sinks")
     if shared.remapped:
-        rotary, remap, calls = module._posenc_remap
-        calls["n"] += 1  # the remap patch checks that its layers' attention ran
+        state = remap_state(module)
+        rotary, remap = state.rotary, state.remap
+        state.calls.n += 1  # the remap patch checks that its layers' attention ran
     else:
         from ..remap import NoRemap
 

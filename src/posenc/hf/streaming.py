@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import _checks
+from .remap import remap_state
 
 __all__ = ["streaming_cache"]
 
@@ -28,12 +29,12 @@ def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    if getattr(model, "_posenc_remap_calls", None) is None:
+    if getattr(model, "posenc_remap_calls", None) is None:
         raise ValueError(
             "streaming_cache needs a model patched with posenc.hf.patch_model(model, remap=...) (remap="
             "posenc.remap.NoRemap() for StreamingLLM itself): its cache must hold unrotated keys"
         )
-    calls = model._posenc_remap_calls
+    calls = model.posenc_remap_calls
     sink_tokens = _checks.positive_int("sink_tokens", sink_tokens, minimum=0, size=True)
     window = _checks.positive_int("window", window, size=True)
     _check_fits(model, sink_tokens, window)
@@ -60,7 +61,7 @@ def streaming_cache(model, sink_tokens: int = 4, window: int = 1020):
                     for t in (self.keys, self.values)
                 )
             self.seen += new
-            calls["streaming"] = True  # this forward's attention places the kept keys at 0 .. n-1
+            calls.streaming = True  # this forward's attention places the kept keys at 0 .. n-1
             return super().update(key_states, value_states)
 
         def get_seq_length(self) -> int:
@@ -77,10 +78,10 @@ def _check_fits(model, sink_tokens: int, window: int) -> None:
     """Refuse a cache whose kept tokens, at cache positions 0 .. sink_tokens + window - 1, would meet
     (remapped) distances past the trained length of the patched rotary (an unscaled one that knows it)."""
     for module in model.modules():
-        state = getattr(module, "_posenc_remap", None)
+        state = remap_state(module)
         if state is None:
             continue
-        rotary, remap = state[0], state[1]
+        rotary, remap = state.rotary, state.remap
         trained = rotary.max_position_embeddings if rotary.scaling is None else None
         kept = sink_tokens + window
         if trained is not None and remap.distance(kept - 1) > trained - 1:
