@@ -10,7 +10,7 @@ perplexity windows, one haystack per task and length.
   2048 (the numbers show that everything runs, not how a method extends the model).
 - ``cpu``: N and 2N, the six methods most users pick (none, YaRN, dynamic NTK, Llama 3.1, SelfExtend,
   ReRoPE; a model with a per-layer plan takes the methods it can run), one perplexity window, and RULER's
-  niah_single_1 as RULER defines it (one needle in the noise sentences, one question a haystack), 10
+  niah_single_1 as RULER defines it (one needle in the noise sentences, one question a haystack), 6
   haystacks per length, the trials of a length sharing their needle-free haystack's forward
   (:mod:`posenc.real.trials`). Up to N only the model as trained answers them, at N/8, N/4, N/2 and N: its
   own baseline (the other methods' cost inside N is their perplexity there); at 2N every method does. An
@@ -33,7 +33,7 @@ GPU_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1
 LADDER = (1 / 8, 1 / 4, 1 / 2)  # N/8, N/4, N/2: the model's own baseline below its trained length
 # a model with a per-layer plan takes no remap: the frequency methods on its global layers and the layer
 # conversions instead
-CPU_TRIALS = 10  # haystacks (one question each) per task and length: what two hours hold on 2 cores
+CPU_TRIALS = 6  # haystacks (one question each) per task and length: what two hours hold on 2 cores
 PLANNED_CPU_METHODS = ("none", "yarn", "dynamic", "llama3", "nope-global", "nope-global-temp")
 
 
