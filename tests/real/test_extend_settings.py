@@ -68,3 +68,9 @@ def test_bad_settings_are_refused_naming_the_flag(settings, message):
     with pytest.raises(ValueError) as info:
         check_settings(settings)
     assert message in str(info.value)
+
+
+def test_questions_past_what_the_shortest_length_holds_are_refused_before_any_text_is_built():
+    settings = ExtendSettings(lengths=(2048, 4096), train_len=2048, questions=1_000_000_000)
+    with pytest.raises(ValueError, match="--questions 1000000000: a haystack of 2048 tokens"):
+        resolve(settings, CONFIG, torch.device("cpu"))

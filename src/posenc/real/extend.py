@@ -117,6 +117,12 @@ def resolve(settings: ExtendSettings, config, device: torch.device) -> Resolved:
     train_len = settings.train_len or budget.train_len or trained_length(config)
     lengths = tuple(sorted(set(settings.lengths or [train_len * m for m in budget.mults])))
     shortest, longest = lengths[0], lengths[-1]
+    if settings.questions is not None and settings.questions > shortest:
+        # each question takes tokens of the haystack: refused before a trial's text is built for them all
+        raise ValueError(
+            f"--questions {settings.questions}: a haystack of {shortest} tokens (the shortest length) cannot "
+            f"hold that many questions; give at most {shortest}, or longer --lengths"
+        )
     score = settings.score_tokens or min(SCORE_TOKENS, shortest // 8)
     if score >= shortest:
         raise ValueError(f"--score-tokens must be below the shortest length {shortest}, got {score}")
