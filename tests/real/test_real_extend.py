@@ -101,8 +101,10 @@ def test_more_windows_compute_only_the_new_ones(run, smollm2_folder, corpus, tmp
         scoring.Scorer, "nll", lambda self, ids: calls.append(len(ids)) or original(self, ids)
     )
     assert extend(smollm2_folder, corpus, copy, "--no-plot", "--windows", "2", "--passkey-trials", "0") == 0
-    # the second window: none and pi at both lengths, dynamic at 256 only (at 128 it is none's)
-    assert calls == [128, 256, 128, 256, 256]
+    # the second window: none and pi at both lengths, dynamic at 256 only (at 128 it is none's), and the
+    # model as trained's truncated context for LongPPL at its trained length 128 (its 16 scored tokens and
+    # the 32 before them)
+    assert calls == [128, 48, 256, 128, 256, 256]
 
 
 @pytest.mark.parametrize(

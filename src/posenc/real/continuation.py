@@ -35,7 +35,7 @@ import torch
 from posenc.hf.cache import reserved_layer_class
 from posenc.hf.shared_prefix import Prefix, Rows, can_share, length_dependent_positions, shared_prefix
 
-__all__ = ["Answer", "Continuation", "Request"]
+__all__ = ["Answer", "Continuation", "Request", "gold_logprob"]
 
 # room left after the prefix for a question and its answer when the caller does not say; a longer one grows
 # the buffer once (a new buffer: the prefix's view in the snapshot stays valid)
@@ -147,23 +147,6 @@ class Continuation:
         return [_snapshot(layer) for layer in cache.layers]
 
     @torch.inference_mode()
-    def gold_logprob(self, cache, snapshot: list[dict], ids, gold) -> float:
-        """log p(``gold`` | the prefix of ``snapshot``, ``ids``), teacher-forced, in nats: the summed
-        log-likelihood of every gold token given those before it (float64 from the model's logits)."""
-        if len(ids) == 0 or len(gold) == 0:
-            raise ValueError(
-                f"a gold answer needs question tokens and gold tokens, got {len(ids)} and {len(gold)}"
-            )
-        _restore_all(cache, snapshot)
-        step = torch.as_tensor([*ids, *gold], device=self._device())[None]
-        out = self.model(
-            input_ids=step, use_cache=True, logits_to_keep=len(gold) + 1, **{self._cache_kw: cache}
-        )
-        logp = torch.log_softmax(out.logits[0, : len(gold)].double(), dim=-1)
-        target = torch.as_tensor(list(gold), device=logp.device)
-        return float(logp.gather(-1, target[:, None]).sum())
-
-    @torch.inference_mode()
     def answer(self, cache, snapshot: list[dict], ids, max_new_tokens: int, done=None) -> Answer:
         """Continue the prefilled ``cache`` with ``ids`` (the question's tokens) and decode greedily up to
         ``max_new_tokens``; the cache is restored to ``snapshot`` first, so questions never see each other.
@@ -229,6 +212,25 @@ class Continuation:
         if len(written) >= ask.max_new_tokens:
             return False
         return ask.done is None or not ask.done(self.tokenizer.decode(written, skip_special_tokens=True))
+
+
+@torch.inference_mode()
+def gold_logprob(runner: Continuation, cache, snapshot: list[dict], ids, gold) -> float:
+    """log p(``gold`` | the prefix of ``snapshot``, ``ids``) on ``runner``'s model, teacher-forced, in
+    nats: the summed log-likelihood of every gold token given those before it (float64 from the model's
+    logits). The cache is restored to ``snapshot`` first, as before a question."""
+    if len(ids) == 0 or len(gold) == 0:
+        raise ValueError(
+            f"a gold answer needs question tokens and gold tokens, got {len(ids)} and {len(gold)}"
+        )
+    _restore_all(cache, snapshot)
+    step = torch.as_tensor([*ids, *gold], device=runner._device())[None]
+    out = runner.model(
+        input_ids=step, use_cache=True, logits_to_keep=len(gold) + 1, **{runner._cache_kw: cache}
+    )
+    logp = torch.log_softmax(out.logits[0, : len(gold)].double(), dim=-1)
+    target = torch.as_tensor(list(gold), device=logp.device)
+    return float(logp.gather(-1, target[:, None]).sum())
 
 
 class _Batch:

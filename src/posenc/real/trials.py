@@ -43,7 +43,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from posenc.hf.shared_prefix import length_dependent_positions
-from posenc.real.continuation import Continuation, Request
+from posenc.real.continuation import Continuation, Request, gold_logprob
 from posenc.real.tasks import score
 from posenc.runs.memory import measured_peak
 
@@ -143,7 +143,7 @@ def _from(runner: Continuation, ids, start: int, base_cache, points: dict, reser
 
 def _control(runner, trial, control, start, base_cache, points, reserve) -> list[float]:
     cache, snapshot = _from(runner, control, start, base_cache, points, reserve)
-    return [runner.gold_logprob(cache, snapshot, q.ids, q.gold) for q in trial.questions]
+    return [gold_logprob(runner, cache, snapshot, q.ids, q.gold) for q in trial.questions]
 
 
 def _trial(runner: Continuation, trial, start: int, base_cache, points, reserve: int, device) -> dict:
@@ -167,7 +167,7 @@ def _trial(runner: Continuation, trial, start: int, base_cache, points, reserve:
                 "score": score(q.expected, answer.text),
                 "seconds": round(answer.seconds, 3),
                 "gold_tokens": len(q.gold),
-                "logprob": round(runner.gold_logprob(cache, snapshot, q.ids, q.gold), 6),
+                "logprob": round(gold_logprob(runner, cache, snapshot, q.ids, q.gold), 6),
             }
             for i, (q, answer) in enumerate(zip(trial.questions, answers, strict=True))
         ]
