@@ -51,7 +51,7 @@ from posenc.real.scoring import Scorer, window_stats
 from posenc.real.settings import NO_TASKS, ExtendSettings, check_settings
 from posenc.real.tasks import DEFAULT_TASKS, TASKS, make_trials, min_length
 from posenc.real.tasks.answers import budgeted
-from posenc.real.trials import common_prefix, run_trials, trial_item
+from posenc.real.trials import common_prefix, run_trials, shared_base, trial_item
 from posenc.runs.memory import measured_peak
 
 __all__ = [
@@ -300,7 +300,7 @@ def _trial_tokens(trials: list) -> dict[int, int]:
     out = {}
     for task in dict.fromkeys(t.task for t in trials):
         mine = [t for t in trials if t.task == task]
-        base = max((t.control for t in mine if t.control is not None), key=len, default=())
+        base = shared_base(mine)
         for t in mine:
             out[id(t)] = len(t.prefix) - common_prefix(t.prefix, base) + len(base) // len(mine)
     return out

@@ -47,7 +47,7 @@ from posenc.real.continuation import Continuation, Request, gold_logprob
 from posenc.real.tasks import score
 from posenc.runs.memory import measured_peak
 
-__all__ = ["TRIAL_VERSION", "common_prefix", "run_trial", "run_trials", "trial_item"]
+__all__ = ["TRIAL_VERSION", "common_prefix", "run_trial", "run_trials", "shared_base", "trial_item"]
 
 TRIAL_VERSION = 2  # 2: gold answers scored with and without the needle
 
@@ -69,6 +69,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def shared_base(trials: Sequence) -> tuple[int, ...]:
+    """The needle-free haystack the trials of one task and length share: their longest control (every
+    shorter control is a prefix of it, and a trial's tokens before its first needle are); () without one."""
+    return max((t.control for t in trials if t.control is not None), key=len, default=())
 
 
 def _reserve(trial) -> int:
@@ -94,7 +100,7 @@ def run_trials(
     t0 = time.perf_counter()
     controls = [t.control for t in trials]
     shared = not length_dependent_positions(runner.model) and any(c is not None for c in controls)
-    base = max((c for c in controls if c is not None), key=len) if shared else ()
+    base = shared_base(trials) if shared else ()
     reserve = max(_reserve(t) for t in trials)
     starts = {}  # (trial index, "trial" | "control") -> tokens taken from the base
     for i, t in enumerate(trials):
